@@ -1,0 +1,26 @@
+"""Exceptions and warnings of the library (SPEC section 2)."""
+
+__all__ = [
+    "SampleMismatch", "BatchMismatch", "SlicingError", "CacheResetWarning",
+    "SampleMismatchError", "BatchMismatchError",
+]
+
+
+class SampleMismatch(ValueError):
+    """Two operands, or a state and a generator, disagree on the number of samples."""
+
+
+class BatchMismatch(ValueError):
+    """Two operands disagree on the batch size (or a list has the wrong length)."""
+
+
+class SlicingError(Exception):
+    """A slice cannot keep the KV cache; the state falls back to recomputing."""
+
+
+class CacheResetWarning(UserWarning):
+    """An operation changed token positions, so the KV cache was dropped."""
+
+
+SampleMismatchError = SampleMismatch
+BatchMismatchError = BatchMismatch

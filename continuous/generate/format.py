@@ -1,0 +1,32 @@
+import datetime as dt
+
+from outlines import types
+
+from .base import SequenceGenerator, make
+
+_FORMATS = {
+    int: (types.integer.pattern, int),
+    float: (types.number.pattern, float),
+    bool: (types.boolean.pattern, lambda s: s == "True"),
+    str: (types.string.pattern, lambda s: s[1:-1]),
+    dt.datetime: (types.datetime.pattern, dt.datetime.fromisoformat),
+    dt.date: (types.date.pattern, dt.date.fromisoformat),
+    dt.time: (types.time.pattern, dt.time.fromisoformat),
+}
+
+
+def format(model, python_type, sampler=None) -> SequenceGenerator:
+    """A value of a Python type written as text; ``value`` is that value.
+
+    Parameters
+    ----------
+    python_type
+        ``int``, ``float``, ``bool`` (``True``/``False``), ``str`` (a double-quoted
+        string), ``datetime.date`` (``YYYY-MM-DD``), ``datetime.time`` (``HH:MM:SS``)
+        or ``datetime.datetime`` (date and time separated by a space).
+    """
+    if python_type not in _FORMATS:
+        names = ", ".join(getattr(t, "__name__", str(t)) for t in _FORMATS)
+        raise ValueError(f"format supports {names}; got {python_type!r}")
+    pattern, parse = _FORMATS[python_type]
+    return make(model, sampler, pattern, parse, kind="format")

@@ -1,0 +1,236 @@
+"""Rows of token ids laid out for a batched forward, with their text and cache.
+
+Every row of a batch lives in the same ``[rows, length]`` grid of slots. A slot whose
+attention mask is 0 is padding or a *hole*: a position the row no longer uses (its
+token was cut off by a slice, or the row finished while others went on). Holes may
+sit anywhere, so any edit of a row keeps the cache of every other row: attention
+ignores masked slots and positions count only real tokens. The cache covers the
+first ``cache.length`` slots of every row.
+
+Each row also keeps its text and, for each real token, the character offset where the
+token's text ends; that is what turns character slices into token cuts.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+import torch
+
+__all__ = ["Rows", "encode", "retokenize", "Detokenizer"]
+
+
+def encode(tokenizer, text: str, special: bool) -> tuple[list[int], list[int]]:
+    """Token ids of ``text`` and the character end of each token.
+
+    Special tokens added by the tokenizer (BOS) end at character 0.
+    """
+    enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+    ends, last = [], 0
+    for _, end in enc["offset_mapping"]:
+        last = max(last, end)  # special tokens report (0, 0)
+        ends.append(last)
+    return list(enc["input_ids"]), ends
+
+
+def retokenize(tokenizer, ids: Sequence[int], ends: Sequence[int], text: str, cut: int,
+               suffix: str) -> tuple[int, list[int], list[int]]:
+    """How a row's tokens change when its text becomes ``text[:cut] + suffix``.
+
+    Tokens ending after ``cut`` are dropped; the text from the last kept token on is
+    re-encoded with ``suffix``, in a window that widens until its first token is stable,
+    so the result is what tokenizing the whole text gives around the boundary while
+    every token before the window is kept (and keeps its cache).
+
+    Returns
+    -------
+    keep, new_ids, new_ends
+        Number of leading tokens kept, and the ids and character ends of the tokens after them.
+    """
+    keep = bisect.bisect_right(ends, cut)
+    first = 0  # the special prefix (BOS) ends at character 0 and is never re-encoded
+    while first < keep and ends[first] == 0:
+        first += 1
+    tail = text[:cut] + suffix
+    window = 4
+    while True:
+        start_tok = max(first, keep - window)
+        start_char = ends[start_tok - 1] if start_tok > 0 else 0
+        chunk = tail[start_char:]
+        if chunk:
+            new_ids, new_ends = encode(tokenizer, chunk, special=False)
+        else:
+            new_ids, new_ends = [], []
+        same = 0
+        while same < min(len(new_ids), keep - start_tok) and new_ids[same] == ids[start_tok + same]:
+            same += 1
+        # A changed first token means a merge may reach further back: widen the window.
+        if same > 0 or start_tok == first:
+            break
+        window *= 4
+    return start_tok + same, new_ids[same:], [start_char + e for e in new_ends[same:]]
+
+
+class Detokenizer:
+    """Incremental decoding of one row's new tokens into text pieces.
+
+    A piece is held back while the text ends in an incomplete UTF-8 sequence; the
+    tokens that made it *pending* get the character end of the token that completes it,
+    so a character slice never keeps half a character.
+    """
+
+    def __init__(self, tokenizer, context: Sequence[int]):
+        self.tokenizer = tokenizer
+        self.ids = list(context[-6:])
+        self.prefix = 0
+        self.read = len(self.ids)
+
+    def _decode(self, ids) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def step(self, token_id: int, final: bool = False) -> str | None:
+        """The text the token adds, or ``None`` while the text is an incomplete character."""
+        self.ids.append(token_id)
+        return self.flush() if final else self._piece(False)
+
+    def flush(self) -> str:
+        """Whatever text is held back, with replacement characters for incomplete bytes."""
+        return self._piece(True) or ""
+
+    def _piece(self, force: bool) -> str | None:
+        before = self._decode(self.ids[self.prefix : self.read])
+        now = self._decode(self.ids[self.prefix :])
+        if now.endswith("\ufffd") and not force:
+            return None
+        if len(self.ids) == self.read:
+            return ""
+        piece = now[len(before):] if now.startswith(before) else now
+        self.prefix, self.read = self.read, len(self.ids)
+        return piece
+
+
+@dataclass(frozen=True, eq=False)
+class Rows:
+    """The rows of a state: padded token grid, attention mask, cache, text and offsets.
+
+    Attributes
+    ----------
+    token_ids, attention_mask
+        ``[rows, length]`` LongTensors; masked slots hold ``pad``.
+    cache
+        The backend's cache covering slots ``[0, cache.length)``, or ``None``.
+    texts
+        Each row's text.
+    ends
+        For each row, the character end of each real token, in order.
+    logits, logits_ok
+        ``[rows, vocab]`` logits after each row's last real token, valid where
+        ``logits_ok``: what lets a finished row be continued without recomputing it.
+    pad
+        The id written in masked slots.
+    """
+
+    token_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    cache: Any
+    texts: tuple[str, ...]
+    ends: tuple[tuple[int, ...], ...]
+    logits: torch.Tensor | None
+    logits_ok: tuple[bool, ...]
+    pad: int
+
+    @classmethod
+    def from_texts(cls, tokenizer, texts: Sequence[str]) -> "Rows":
+        """Encode prompts (with the tokenizer's special prefix), left-padded."""
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+        encoded = [encode(tokenizer, t, special=True) for t in texts]
+        width = max(len(ids) for ids, _ in encoded)
+        token_ids = torch.full((len(texts), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(texts), width), dtype=torch.long)
+        for r, (ids, _) in enumerate(encoded):
+            if ids:
+                token_ids[r, width - len(ids):] = torch.tensor(ids)
+                mask[r, width - len(ids):] = 1
+        return cls(token_ids, mask, None, tuple(texts), tuple(tuple(e) for _, e in encoded),
+                   None, (False,) * len(texts), pad)
+
+    @property
+    def n_rows(self) -> int:
+        return self.token_ids.shape[0]
+
+    @property
+    def cache_length(self) -> int:
+        return self.cache.length if self.cache is not None else 0
+
+    def real_ids(self, row: int) -> list[int]:
+        """The row's token ids without padding and holes."""
+        return self.token_ids[row][self.attention_mask[row].bool()].tolist()
+
+    def cached_lengths(self) -> torch.Tensor:
+        """Per row, how many real tokens the cache covers."""
+        return self.attention_mask[:, : self.cache_length].sum(1)
+
+    def drop_cache(self) -> "Rows":
+        return replace(self, cache=None, logits=None, logits_ok=(False,) * self.n_rows)
+
+    def select(self, rows: Sequence[int]) -> "Rows":
+        """The given rows, in that order (indices may repeat). Caches are kept."""
+        idx = torch.as_tensor(list(rows), dtype=torch.long)
+        cache = self.cache.select_rows(idx) if self.cache is not None else None
+        out = Rows(
+            self.token_ids[idx], self.attention_mask[idx], cache,
+            tuple(self.texts[i] for i in rows), tuple(self.ends[i] for i in rows),
+            self.logits[idx] if self.logits is not None else None,
+            tuple(self.logits_ok[i] for i in rows), self.pad,
+        )
+        return out.edit([(len(e), [], [], t) for e, t in zip(out.ends, out.texts)])
+
+    def edit(self, edits: Sequence[tuple[int, list[int], list[int], str]]) -> "Rows":
+        """Cut and extend rows.
+
+        Parameters
+        ----------
+        edits
+            Per row ``(keep, new_ids, new_ends, text)``: keep the first ``keep`` real
+            tokens, then append ``new_ids`` (with their character ends); ``text`` is the
+            row's new text. Slots after a row's last kept token become holes; trailing
+            slots no row uses are removed, and the cache is cropped to what remains.
+        """
+        mask = self.attention_mask
+        last = []
+        for r, (keep, *_rest) in enumerate(edits):
+            slots = mask[r].nonzero().flatten()
+            last.append(int(slots[keep - 1]) + 1 if keep > 0 else 0)
+        width = max(last) if last else 0
+        token_ids = self.token_ids[:, :width].clone()
+        mask = mask[:, :width].clone()
+        for r, end in enumerate(last):
+            token_ids[r, end:] = self.pad
+            mask[r, end:] = 0
+        n_new = max((len(e[1]) for e in edits), default=0)
+        if n_new:
+            chunk = torch.full((self.n_rows, n_new), self.pad, dtype=torch.long)
+            chunk_mask = torch.zeros((self.n_rows, n_new), dtype=torch.long)
+            for r, (_, ids, _, _) in enumerate(edits):
+                if ids:  # right-aligned: every row's last slot is its newest token
+                    chunk[r, n_new - len(ids):] = torch.tensor(ids, dtype=torch.long)
+                    chunk_mask[r, n_new - len(ids):] = 1
+            token_ids = torch.cat([token_ids, chunk], 1)
+            mask = torch.cat([mask, chunk_mask], 1)
+        cache = self.cache.crop(width) if self.cache is not None and width < self.cache.length else self.cache
+        ends = tuple(tuple(self.ends[r][:keep]) + tuple(new_ends)
+                     for r, (keep, _, new_ends, _) in enumerate(edits))
+        ok = tuple(self.logits_ok[r] and keep == len(self.ends[r]) and not ids
+                   for r, (keep, ids, _, _) in enumerate(edits))
+        return Rows(token_ids, mask, cache, tuple(e[3] for e in edits), ends, self.logits, ok, self.pad)
+
+    def with_text(self, tokenizer, cuts: Sequence[int], suffixes: Sequence[str]) -> "Rows":
+        """Each row's text becomes ``text[:cut] + suffix``, re-encoding only around the boundary."""
+        edits = []
+        for r, (cut, suffix) in enumerate(zip(cuts, suffixes)):
+            text = self.texts[r]
+            keep, ids, ends = retokenize(tokenizer, self.real_ids(r), self.ends[r], text, cut, suffix)
+            edits.append((keep, ids, ends, text[:cut] + suffix))
+        return self.edit(edits)

@@ -1,0 +1,6 @@
+"""Backends: ``models.transformers`` (local) and ``models.remote`` (a hivemind swarm)."""
+
+from .base import Model, Stats
+from .transformers import Transformers, transformers
+
+__all__ = ["Model", "Stats", "Transformers", "transformers"]

@@ -1,0 +1,102 @@
+"""The local backend: a transformers causal LM whose KV cache is a :class:`~continuous.kv.KVCache`."""
+
+from __future__ import annotations
+
+import logging
+import weakref
+
+import torch
+
+from ..kv import ForwardCache, KVCache
+from .base import Stats, causal_mask, position_ids
+
+__all__ = ["Transformers", "transformers"]
+
+logger = logging.getLogger(__name__)
+
+_WRAPPED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+class Transformers:
+    """A local transformers causal LM.
+
+    Use :func:`transformers` to build one. Attributes: ``model`` (the HF model),
+    ``tokenizer`` (a fast HF tokenizer), ``stats``, ``vocab_size``, ``max_length``.
+    """
+
+    def __init__(self, model, tokenizer):
+        if not getattr(tokenizer, "is_fast", False):
+            raise TypeError("continuous needs a fast (Rust) tokenizer: it maps characters to tokens "
+                            "with offset mappings")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.stats = Stats()
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 10**9)
+        self.device = next(model.parameters()).device
+
+    def __repr__(self) -> str:
+        return f"models.transformers({type(self.model).__name__}, vocab={self.vocab_size})"
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: KVCache | None,
+                logits_to_keep: int = 1) -> tuple[torch.Tensor, KVCache]:
+        """Forward the slots the cache does not cover; see :class:`~continuous.models.base.Model`."""
+        rows, n = input_ids.shape
+        start = cache.length if cache is not None else 0
+        if attention_mask.shape != (rows, start + n):
+            raise ValueError(f"attention mask {tuple(attention_mask.shape)} does not cover the cache "
+                             f"({start}) and the {n} new slots")
+        dtype = self.model.get_output_embeddings().weight.dtype
+        fc = ForwardCache(cache, rows, n)
+        with torch.no_grad():
+            out = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=causal_mask(attention_mask, start, dtype).to(self.device),
+                position_ids=position_ids(attention_mask, start).to(self.device),
+                past_key_values=fc,
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
+            )
+        new_cache = fc.result()
+        self.stats.forward_calls += 1
+        self.stats.tokens_forwarded += int(attention_mask[:, start:].sum())
+        self.stats.positions_forwarded += rows * n
+        return out.logits.float().cpu(), new_cache
+
+
+def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None) -> Transformers:
+    """A local transformers model.
+
+    Parameters
+    ----------
+    model_or_path
+        A path or hub name (loaded with ``AutoModelForCausalLM`` and ``AutoTokenizer``),
+        or a loaded ``PreTrainedModel``, taken as it is.
+    tokenizer
+        A loaded fast tokenizer; loaded from ``model_or_path`` when omitted.
+    device, dtype
+        Where and in which dtype to load or move the model.
+
+    Returns
+    -------
+    Transformers
+        The same object for the same loaded HF model, so its ``stats`` are shared.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if isinstance(model_or_path, (str, bytes)) or hasattr(model_or_path, "__fspath__"):
+        path = str(model_or_path)
+        kwargs = {"dtype": dtype} if dtype is not None else {}
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
+    else:
+        model = model_or_path
+        if tokenizer is None:
+            raise TypeError("models.transformers(model) needs the tokenizer when given a loaded model")
+    if device is not None or dtype is not None:
+        model = model.to(device=device, dtype=dtype)
+    wrapped = _WRAPPED.get(model)
+    if wrapped is None or wrapped.tokenizer is not tokenizer:
+        wrapped = Transformers(model, tokenizer)
+        _WRAPPED[model] = wrapped
+    return wrapped

@@ -1,0 +1,132 @@
+"""Samplers: (logits, weights, rng) -> (next ids, ancestors, weights).
+
+As in outlines v0, every sampler returns the index of the row each new token extends
+(its ancestor), so beam search reordering and sample forking share the decoding loop.
+Logits arrive masked (disallowed tokens are ``-inf``); weights are the cumulative
+log-probabilities of the sampled tokens under the distribution actually sampled from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Sampler", "Greedy", "Multinomial", "BeamSearch", "greedy", "multinomial", "beam_search"]
+
+
+class Sampler:
+    """Base class. ``samples`` is the number of rows per prompt the sampler keeps."""
+
+    samples: int = 1
+
+    def __call__(self, logits: torch.Tensor, weights: torch.Tensor, rng: torch.Generator | None,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Greedy(Sampler):
+    """Always the most likely token."""
+
+    samples: int = 1
+
+    def __call__(self, logits, weights, rng=None):
+        logprobs = torch.log_softmax(logits, dim=-1)
+        ids = logprobs.argmax(dim=-1)
+        ancestors = torch.arange(logits.shape[0])
+        return ids, ancestors, weights + logprobs.gather(1, ids[:, None]).squeeze(1)
+
+
+@dataclass(frozen=True)
+class Multinomial(Sampler):
+    """Sampling with temperature, top-k and top-p (nucleus) filtering."""
+
+    samples: int = 1
+    top_k: int | None = None
+    top_p: float | None = None
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        if self.samples < 1:
+            raise ValueError(f"samples must be >= 1, got {self.samples}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (use samplers.greedy() for 0), got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits after temperature, top-k and top-p."""
+        logits = logits / self.temperature
+        if self.top_k is not None and self.top_k < logits.shape[-1]:
+            kth = torch.topk(logits, self.top_k, dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, -torch.inf)
+        if self.top_p is not None and self.top_p < 1.0:
+            sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+            cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+            # Drop a token when the tokens before it already hold top_p of the mass.
+            drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= self.top_p
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+            logits = logits.masked_fill(drop, -torch.inf)
+        return logits
+
+    def __call__(self, logits, weights, rng=None):
+        logprobs = torch.log_softmax(self.process(logits), dim=-1)
+        ids = torch.multinomial(logprobs.exp(), 1, generator=rng).squeeze(1)
+        ancestors = torch.arange(logits.shape[0])
+        return ids, ancestors, weights + logprobs.gather(1, ids[:, None]).squeeze(1)
+
+
+@dataclass(frozen=True)
+class BeamSearch(Sampler):
+    """Beam search: each prompt keeps ``beams`` rows, the most likely continuations overall."""
+
+    samples: int = 1
+
+    def __post_init__(self):
+        if self.samples < 1:
+            raise ValueError(f"beams must be >= 1, got {self.samples}")
+
+    @property
+    def beams(self) -> int:
+        return self.samples
+
+    def __call__(self, logits, weights, rng=None):
+        rows, vocab = logits.shape
+        k = self.samples
+        batch = rows // k
+        logprobs = torch.log_softmax(logits, dim=-1)
+        scores = (weights[:, None] + logprobs).view(batch, k * vocab)
+        top, flat = torch.topk(scores, k, dim=-1)
+        ancestors = (flat // vocab + torch.arange(batch)[:, None] * k).view(-1)
+        return (flat % vocab).view(-1), ancestors, top.view(-1)
+
+
+def greedy() -> Greedy:
+    """Greedy decoding: the most likely token at each step (the default)."""
+    return Greedy()
+
+
+def multinomial(samples: int = 1, *, top_k: int | None = None, top_p: float | None = None,
+                temperature: float = 1.0) -> Multinomial:
+    """Sampling from the model's distribution.
+
+    Parameters
+    ----------
+    samples
+        Samples per prompt: a state of ``samples == 1`` given to this sampler forks.
+    top_k
+        Keep only the ``top_k`` most likely tokens.
+    top_p
+        Keep the smallest set of most likely tokens holding ``top_p`` of the mass.
+    temperature
+        Divides the logits before sampling.
+    """
+    return Multinomial(samples, top_k, top_p, temperature)
+
+
+def beam_search(beams: int = 1) -> BeamSearch:
+    """Beam search keeping ``beams`` rows per prompt (beams count as samples)."""
+    return BeamSearch(beams)

@@ -1,0 +1,251 @@
+"""SequenceState: a value that feels like a string and carries the model's KV cache."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from .errors import BatchMismatch, CacheResetWarning, SampleMismatch, SlicingError
+from .layout import Rows
+
+__all__ = ["SequenceState", "shape_rows"]
+
+
+def shape_rows(items: Sequence[Any], batch_size: int, num_samples: int) -> Any:
+    """Shape per-row items as outlines v0 shaped results.
+
+    One row: the item; one prompt: a list over samples; one sample: a list over prompts;
+    otherwise a list (batch) of lists (samples).
+    """
+    items = list(items)
+    if batch_size == 1 and num_samples == 1:
+        return items[0]
+    if batch_size == 1 or num_samples == 1:
+        return items
+    return [items[b * num_samples:(b + 1) * num_samples] for b in range(batch_size)]
+
+
+class SequenceState:
+    """The text of ``batch_size * num_samples`` rows, their weights and their KV cache.
+
+    Rows are batch-major (row ``b * num_samples + s``). A state is a value: no
+    operation changes it; slicing, adding and continuing return new states that share
+    whatever cache is still valid. Build states by calling a
+    :class:`~continuous.wrapper.ContinuousGenerator`.
+
+    Attributes
+    ----------
+    token_ids, attention_mask
+        ``[rows, length]`` LongTensors; the mask is 0 on padding and holes.
+    weights
+        ``[batch_size, num_samples]`` cumulative log-probability of the generated tokens.
+    kv_cache
+        The backend's cache object, ``None`` once reset.
+    batch_size, num_samples, model
+    """
+
+    __slots__ = ("_rows", "weights", "batch_size", "num_samples", "model", "_values", "_parse")
+
+    def __init__(self, model, rows: Rows, weights: torch.Tensor, batch_size: int, num_samples: int,
+                 values: Sequence[str] | None = None, parse: Callable[[str], Any] | None = None):
+        if rows.n_rows != batch_size * num_samples:
+            raise ValueError(f"{rows.n_rows} rows is not {batch_size} prompts x {num_samples} samples")
+        self._rows = rows
+        self.weights = weights.reshape(batch_size, num_samples)
+        self.batch_size = batch_size
+        self.num_samples = num_samples
+        self.model = model
+        self._values = tuple(values) if values is not None else None
+        self._parse = parse
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def token_ids(self) -> torch.Tensor:
+        return self._rows.token_ids
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return self._rows.attention_mask
+
+    @property
+    def kv_cache(self):
+        return self._rows.cache
+
+    @property
+    def cached_lengths(self) -> torch.Tensor:
+        """Per row, how many leading tokens the cache covers (0 when reset)."""
+        return self._rows.cached_lengths()
+
+    @property
+    def value(self) -> Any:
+        """The typed result of the most recent generation call (``None`` before any).
+
+        Raises
+        ------
+        ValueError
+            When a row's generated text does not parse (e.g. ``max_tokens`` cut a JSON
+            document short); the state itself stays usable.
+        """
+        if self._values is None:
+            return None
+        parsed = []
+        for r, text in enumerate(self._values):
+            try:
+                parsed.append(self._parse(text) if self._parse is not None else text)
+            except Exception as exc:
+                raise ValueError(f"row {r}'s generated text {text!r} does not parse: {exc}") from exc
+        return shape_rows(parsed, self.batch_size, self.num_samples)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows.texts)
+
+    def __len__(self) -> int:
+        if self._rows.n_rows != 1:
+            raise TypeError(f"len() of a state with {self._rows.n_rows} rows is ambiguous; use list(state)")
+        return len(self._rows.texts[0])
+
+    def __str__(self) -> str:
+        texts = self._rows.texts
+        return texts[0] if len(texts) == 1 else str(list(texts))
+
+    def __repr__(self) -> str:
+        preview = [t if len(t) <= 40 else t[:18] + "..." + t[-19:] for t in self._rows.texts]
+        return (f"SequenceState(batch_size={self.batch_size}, num_samples={self.num_samples}, "
+                f"length={self._rows.token_ids.shape[1]}, cached_lengths={self.cached_lengths.tolist()}, "
+                f"texts={preview!r})")
+
+    def drop_cache(self) -> "SequenceState":
+        """The same state with its cache released: the next call recomputes everything."""
+        return self._replace(self._rows.drop_cache())
+
+    def _replace(self, rows: Rows, weights=None, batch_size=None, num_samples=None, values=...):
+        return SequenceState(
+            self.model, rows, self.weights if weights is None else weights,
+            self.batch_size if batch_size is None else batch_size,
+            self.num_samples if num_samples is None else num_samples,
+            self._values if values is ... else values, self._parse,
+        )
+
+    # ------------------------------------------------------------------ indexing
+    def __getitem__(self, key) -> "SequenceState | str | list":
+        batch_key, sample_key, char_key = self._split_key(key)
+        if isinstance(char_key, slice) and char_key.step not in (None, 1):
+            raise ValueError(f"slice step must be 1, got {char_key.step}")
+        batches = _positions(batch_key, self.batch_size, "batch")
+        samples = _positions(sample_key, self.num_samples, "sample")
+        rows = [b * self.num_samples + s for b in batches for s in samples]
+        state = self
+        if rows != list(range(self._rows.n_rows)):
+            state = self._replace(
+                self._rows.select(rows), self.weights.reshape(-1)[rows], len(batches), len(samples),
+                None if self._values is None else [self._values[r] for r in rows],
+            )
+        if isinstance(char_key, slice):
+            try:
+                return state._prefix(char_key)
+            except SlicingError as exc:
+                warnings.warn(f"{exc}: the KV cache is dropped", CacheResetWarning, stacklevel=2)
+                return state._reencoded(char_key)
+        if isinstance(char_key, int) and not isinstance(char_key, bool):
+            chars = []
+            for r, text in enumerate(state._rows.texts):
+                if not -len(text) <= char_key < len(text):
+                    raise IndexError(f"character index {char_key} is out of range for row {r} "
+                                     f"({len(text)} characters)")
+                chars.append(text[char_key])
+            return shape_rows(chars, state.batch_size, state.num_samples)
+        raise TypeError(f"character key must be an int or a slice, got {type(char_key).__name__}")
+
+    def _split_key(self, key) -> tuple:
+        parts = key if isinstance(key, tuple) else (key,)
+        everything = slice(None)
+        if len(parts) == 3:
+            return parts
+        if len(parts) == 2:
+            if self.num_samples == 1:
+                return parts[0], everything, parts[1]
+            if self.batch_size == 1:
+                return everything, parts[0], parts[1]
+            raise IndexError(f"this state has {self.batch_size} prompts and {self.num_samples} samples: "
+                             "index it as state[batch, sample, chars]")
+        if len(parts) == 1:
+            if self.batch_size == 1 and self.num_samples == 1:
+                return everything, everything, parts[0]
+            raise IndexError(f"this state has {self.batch_size} prompts and {self.num_samples} samples: "
+                             "index it as state[batch, sample, chars] (or leave out a dimension of size 1)")
+        raise IndexError(f"a state takes at most 3 keys (batch, sample, chars), got {len(parts)}")
+
+    def _prefix(self, key: slice) -> "SequenceState":
+        """Keep the first characters of every row, and the cache up to the cut."""
+        rows = self._rows
+        bounds = [key.indices(len(t))[:2] for t in rows.texts]
+        if any(start > 0 for start, _ in bounds):
+            raise SlicingError("a slice that starts after character 0 changes every position")
+        cuts = [max(start, stop) for start, stop in bounds]
+        if all(c >= len(t) for c, t in zip(cuts, rows.texts)):
+            return self
+        return self._replace(rows.with_text(self.model.tokenizer, cuts, [""] * rows.n_rows))
+
+    def _reencoded(self, key: slice) -> "SequenceState":
+        texts = [t[key] for t in self._rows.texts]
+        return self._replace(Rows.from_texts(self.model.tokenizer, texts))
+
+    # ------------------------------------------------------------------ adding
+    def __add__(self, other) -> "SequenceState":
+        rows = self._rows
+        if isinstance(other, str):
+            suffixes = [other] * rows.n_rows
+            weights = self.weights
+        elif isinstance(other, list):
+            if not all(isinstance(t, str) for t in other):
+                raise TypeError("a state can be added a str, a list of str or a SequenceState")
+            if len(other) == rows.n_rows:
+                suffixes = list(other)
+            elif len(other) == self.batch_size:
+                suffixes = [t for t in other for _ in range(self.num_samples)]
+            else:
+                raise BatchMismatch(f"cannot add {len(other)} texts to a state of {self.batch_size} prompts "
+                                    f"x {self.num_samples} samples: give one text per row "
+                                    f"({rows.n_rows}) or per prompt ({self.batch_size})")
+            weights = self.weights
+        elif isinstance(other, SequenceState):
+            if other.model is not self.model:
+                raise ValueError("cannot add states of different models")
+            if other.batch_size != self.batch_size:
+                raise BatchMismatch(f"cannot add a state of {other.batch_size} prompts to one of "
+                                    f"{self.batch_size} prompts")
+            if other.num_samples != self.num_samples:
+                raise SampleMismatch(f"cannot add a state of {other.num_samples} samples to one of "
+                                     f"{self.num_samples} samples")
+            suffixes = list(other._rows.texts)
+            weights = self.weights + other.weights
+        else:
+            return NotImplemented
+        new = rows.with_text(self.model.tokenizer, [len(t) for t in rows.texts], suffixes)
+        return self._replace(new, weights)
+
+    def __radd__(self, other) -> "SequenceState":
+        if not isinstance(other, str):
+            return NotImplemented
+        warnings.warn("text put before a state changes every position: the KV cache is dropped",
+                      CacheResetWarning, stacklevel=2)
+        texts = [other + t for t in self._rows.texts]
+        return self._replace(Rows.from_texts(self.model.tokenizer, texts))
+
+
+def _positions(key, size: int, name: str) -> list[int]:
+    """The indices a batch or sample key selects."""
+    if isinstance(key, bool) or not isinstance(key, (int, slice)):
+        raise TypeError(f"{name} key must be an int or a slice, got {type(key).__name__}")
+    if isinstance(key, int):
+        if not -size <= key < size:
+            raise IndexError(f"{name} index {key} is out of range (size {size})")
+        return [key % size]
+    if key.step not in (None, 1):
+        raise ValueError(f"slice step must be 1, got {key.step}")
+    picked = list(range(*key.indices(size)))
+    if not picked:
+        raise IndexError(f"{name} slice {key} selects nothing out of {size}")
+    return picked

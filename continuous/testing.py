@@ -1,0 +1,159 @@
+"""Small, reproducible models for tests, benchmarks and examples.
+
+No model hub is needed: a byte-level BPE tokenizer is trained with `tokenizers` on a
+synthetic corpus generated from a fixed seed, and a Llama-architecture model gets
+random weights from a fixed seed. KV reuse and masking cost the same whatever the
+weights are, so these models are faithful for everything but the quality of the text.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+
+__all__ = ["corpus", "build_tokenizer", "build_llama", "build_model_dir", "REFERENCE_SIZES"]
+
+#: The reference sizes of BENCHMARKS.md, and a tiny one for unit tests.
+REFERENCE_SIZES = {
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=128, vocab_size=1000),
+    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+                  intermediate_size=688, vocab_size=8000),
+    "mid": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=12,
+                intermediate_size=2048, vocab_size=32000),
+}
+
+_NAMES = ["Alice", "Bob", "Chloé", "Dmitri", "Eve", "Farah", "Gustavo", "Hana", "Ivan", "Júlia",
+          "Kenji", "Lena", "Marco", "Nadia", "Omar", "Priya", "Quentin", "Rosa", "Sven", "Zoë"]
+_CITIES = ["Paris", "Lagos", "Kyoto", "Lima", "Oslo", "Cairo", "Quito", "Perth", "Dakar", "Porto"]
+_PETS = ["cat", "dog", "parrot", "rabbit", "turtle", "hamster", "goldfish"]
+_ITEMS = ["book", "lamp", "chair", "kettle", "bicycle", "guitar", "umbrella", "camera"]
+_SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "ta", "zo", "qui", "bre", "sha", "tor", "vel", "pin",
+              "dra", "gu", "xe", "fi", "mon", "sta", "hul", "cre", "jo", "wa", "ys"]
+
+
+def corpus(n_records: int = 2000, seed: int = 0) -> list[str]:
+    """Return a deterministic synthetic corpus of short dialogues, JSON records and words.
+
+    Parameters
+    ----------
+    n_records
+        How many records to generate; each yields a few lines.
+    seed
+        Seed of the generator: the same seed gives the same corpus.
+    """
+    rng = random.Random(seed)
+    lines = []
+    for i in range(n_records):
+        name, city = rng.choice(_NAMES), rng.choice(_CITIES)
+        pet, item, age = rng.choice(_PETS), rng.choice(_ITEMS), rng.randint(1, 99)
+        record = {"name": name, "age": age, "city": city, "pet": pet, "active": rng.random() < 0.5,
+                  "tags": rng.sample(_ITEMS, 2), "score": round(rng.uniform(0, 100), 2)}
+        lines.append(f"User: Tell me about {name}.\nAssistant: {name} is {age} years old, lives in "
+                     f"{city} and has a {pet}.")
+        lines.append(json.dumps(record))
+        lines.append(f"Order #{1000 + i}: {rng.randint(1, 9)} x {item} shipped to {city} on "
+                     f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} at {rng.randint(0, 23):02d}:"
+                     f"{rng.randint(0, 59):02d}.")
+        # Invented words give the BPE trainer enough distinct pieces to fill large vocabularies.
+        words = ["".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 5))) for _ in range(12)]
+        lines.append(" ".join(words) + rng.choice([".", "!", "?", ";", ","]))
+    return lines
+
+
+def build_tokenizer(vocab_size: int = 1000, seed: int = 0):
+    """Train a byte-level BPE tokenizer on :func:`corpus` and wrap it for transformers.
+
+    Parameters
+    ----------
+    vocab_size
+        Target vocabulary size, special tokens included. The corpus may yield fewer
+        merges for very large sizes; the model's embedding is sized separately.
+    seed
+        Seed of the corpus.
+
+    Returns
+    -------
+    transformers.PreTrainedTokenizerFast
+        With ``<s>`` as BOS (added to every encoding), ``</s>`` as EOS and no pad token,
+        like most causal LMs.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<s>", "</s>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    n = 2000 if vocab_size <= 4000 else 20000
+    tok.train_from_iterator(corpus(n, seed), trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def build_llama(tokenizer, size: str = "tiny", seed: int = 0, max_position_embeddings: int = 2048,
+                **overrides):
+    """Build a Llama-architecture causal LM with random weights, fp32, in eval mode.
+
+    Parameters
+    ----------
+    tokenizer
+        The tokenizer whose special tokens the config names.
+    size
+        A key of :data:`REFERENCE_SIZES`.
+    seed
+        Seed of the weights.
+    max_position_embeddings
+        The model's context length.
+    **overrides
+        Any other `LlamaConfig` field.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    params = dict(REFERENCE_SIZES[size])
+    params["vocab_size"] = max(params["vocab_size"], len(tokenizer))
+    params.update(overrides)
+    config = LlamaConfig(
+        **params, max_position_embeddings=max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    # Random init gives tiny logits and near-uniform distributions; a larger scale on
+    # the head makes greedy choices well separated, so float noise cannot flip them.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model.eval()
+
+
+def build_model_dir(path: str | Path, size: str = "tiny", seed: int = 0, **overrides) -> Path:
+    """Build tokenizer and model once and save them (safetensors) under ``path``.
+
+    A directory that already holds a saved model is reused as it is.
+
+    Returns
+    -------
+    pathlib.Path
+        The directory, loadable with ``AutoModelForCausalLM.from_pretrained``.
+    """
+    path = Path(path)
+    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
+        return path
+    vocab = REFERENCE_SIZES[size]["vocab_size"]
+    tokenizer = build_tokenizer(vocab, seed)
+    model = build_llama(tokenizer, size, seed, **overrides)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path

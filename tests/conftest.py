@@ -1,0 +1,26 @@
+import pytest
+import torch
+
+from continuous import models
+from continuous.testing import build_llama, build_tokenizer
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_tokenizer(1000)
+
+
+@pytest.fixture(scope="session")
+def hf_model(tokenizer):
+    return build_llama(tokenizer, "tiny", seed=0, max_position_embeddings=512)
+
+
+@pytest.fixture(scope="session")
+def model(hf_model, tokenizer):
+    return models.transformers(hf_model, tokenizer)
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)
+    yield

@@ -1,0 +1,260 @@
+"""SequenceState: indexing (PR #781 forms), adding, values, and SPEC section 4 invariants."""
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from continuous import (BatchMismatch, CacheResetWarning, SampleMismatch, continuous, generate, models,
+                        samplers)
+from continuous.testing import build_llama
+from invariants import assert_equivalent
+
+PROMPTS = ["Alice is 30 years old", "Bob", "Order #1042: 3 x lamp shipped to Oslo"]
+
+
+def top1(samples):
+    """A deterministic sampler of `samples` rows (top_k=1 is argmax)."""
+    return samplers.multinomial(samples, top_k=1)
+
+
+@pytest.fixture(scope="module")
+def greedy(model):
+    return continuous(generate.text(model))
+
+
+@pytest.fixture(scope="module", params=[(1, 1), (1, 3), (3, 1), (3, 3)], ids=lambda p: f"b{p[0]}s{p[1]}")
+def shaped(request, model):
+    batch, samples = request.param
+    gen = continuous(generate.text(model, top1(samples)))
+    prompts = PROMPTS[:batch] if batch > 1 else PROMPTS[0]
+    return gen(prompts, max_tokens=4), batch, samples
+
+
+def texts_2d(state):
+    rows = list(state)
+    return [rows[b * state.num_samples:(b + 1) * state.num_samples] for b in range(state.batch_size)]
+
+
+def test_every_index_form_gives_the_right_text(shaped):
+    state, batch, samples = shaped
+    grid = texts_2d(state)
+    assert state.batch_size == batch and state.num_samples == samples
+    for b in range(batch):
+        for s in range(samples):
+            for chars in (slice(None, 7), slice(0, 12), slice(None), slice(2, 9), slice(-5, None)):
+                sub = _quiet(lambda: state[b, s, chars])
+                assert list(sub) == [grid[b][s][chars]]
+                assert (sub.batch_size, sub.num_samples) == (1, 1)
+                if samples == 1:
+                    assert list(_quiet(lambda: state[b, chars])) == [grid[b][0][chars]]
+                if batch == 1:
+                    assert list(_quiet(lambda: state[s, chars])) == [grid[0][s][chars]]
+                if batch == 1 and samples == 1:
+                    assert list(_quiet(lambda: state[chars])) == [grid[0][0][chars]]
+            assert state[b, s, 3] == grid[b][s][3]
+    # slices of rows keep the shape of what they select
+    sub = state[0:batch, 0:samples, :5]
+    assert texts_2d(sub) == [[t[:5] for t in row] for row in grid]
+    if batch > 1 and samples > 1:
+        assert state[:, :, 0] == [[t[0] for t in row] for row in grid]
+        with pytest.raises(IndexError):
+            state[0, :4]
+
+
+def test_prefix_slices_keep_cache_of_every_selected_row(shaped, greedy):
+    state, batch, samples = shaped
+    sub = state[0:batch, 0:samples, :9]
+    assert sub.kv_cache is not None
+    assert all(c > 0 for c in sub.cached_lengths.tolist())
+    assert torch.equal(sub.weights, state.weights)
+
+
+def test_slices_after_zero_reset_the_cache_with_a_warning(shaped):
+    state, _, _ = shaped
+    with pytest.warns(CacheResetWarning):
+        sub = state[0, 0, 2:9]
+    assert sub.kv_cache is None and sub.cached_lengths.tolist() == [0]
+    assert str(sub) == list(state)[0][2:9]
+
+
+def test_row_selection_keeps_cache_and_weights(model):
+    gen = continuous(generate.text(model, top1(3)))
+    state = gen(PROMPTS, max_tokens=3)
+    sub = state[1:3, 1, :]
+    assert (sub.batch_size, sub.num_samples) == (2, 1)
+    assert sub.kv_cache is not None
+    assert sub.cached_lengths.tolist() == [state.cached_lengths[4].item(), state.cached_lengths[7].item()]
+    assert torch.equal(sub.weights.flatten(), state.weights[1:3, 1])
+
+
+def test_bad_keys(shaped):
+    state, batch, samples = shaped
+    with pytest.raises(ValueError):
+        state[0, 0, ::2]
+    with pytest.raises(IndexError):
+        state[batch, 0, :3]
+    with pytest.raises(IndexError):
+        state[0, samples, :3]
+    with pytest.raises(IndexError):
+        state[0, 0, 10_000]
+    with pytest.raises(TypeError):
+        state[0, 0, "a"]
+    with pytest.raises(IndexError):
+        state[0, 0, 0, 0]
+
+
+def test_adding_text(model, greedy, tokenizer):
+    state = greedy(PROMPTS[0], max_tokens=3)
+    more = state + " and Bob"
+    assert str(more) == str(state) + " and Bob"
+    assert str(state) == list(state)[0]  # the operand did not change
+    assert torch.equal(more.weights, state.weights)
+    assert more.kv_cache is not None
+    prompt_only = greedy(PROMPTS[0], max_tokens=0)
+    # A prompt-only state plus text has the tokens of the whole text, around the boundary too.
+    for suffix in [" and Bob", "s", "0 years", ""]:
+        joined = prompt_only + suffix
+        assert joined._rows.real_ids(0) == tokenizer(PROMPTS[0] + suffix).input_ids
+
+
+def test_adding_lists_and_states(model):
+    gen = continuous(generate.text(model, top1(2)))
+    state = gen(PROMPTS[:2], max_tokens=2)
+    per_row = state + ["a", "b", "c", "d"]
+    assert list(per_row) == [t + x for t, x in zip(state, "abcd")]
+    per_prompt = state + ["x", "y"]
+    assert list(per_prompt) == [t + x for t, x in zip(state, "xxyy")]
+    with pytest.raises(BatchMismatch):
+        state + ["a", "b", "c"]
+    summed = state + state
+    assert list(summed) == [t + t for t in state]
+    assert torch.allclose(summed.weights, 2 * state.weights)
+    assert summed.kv_cache is not None
+    with pytest.raises(BatchMismatch):
+        state + gen(PROMPTS, max_tokens=1)
+    with pytest.raises(SampleMismatch):
+        state + continuous(generate.text(model, top1(3)))(PROMPTS[:2], max_tokens=1)
+    with pytest.raises(TypeError):
+        state + 3
+    with pytest.raises(TypeError):
+        state + ["a", 1, "b", "c"]
+
+
+def test_adding_states_of_different_models(model, tokenizer):
+    other = models.transformers(build_llama(tokenizer, "tiny", seed=1), tokenizer)
+    a = continuous(generate.text(model))("x", max_tokens=1)
+    b = continuous(generate.text(other))("x", max_tokens=1)
+    with pytest.raises(ValueError):
+        a + b
+
+
+def test_text_before_a_state_resets_the_cache(greedy):
+    state = greedy(PROMPTS[0], max_tokens=2)
+    with pytest.warns(CacheResetWarning):
+        new = "Hello " + state
+    assert str(new) == "Hello " + str(state)
+    assert new.kv_cache is None
+    assert torch.equal(new.weights, state.weights)
+
+
+def test_value_iter_str_repr_drop_cache(model):
+    gen = continuous(generate.choice(model, ["yes", "no"], top1(2)))
+    state = gen(PROMPTS[:2])
+    assert len(state.value) == 2 and all(len(v) == 2 for v in state.value)
+    assert all(v in ("yes", "no") for row in state.value for v in row)
+    assert len(list(state)) == 4
+    assert "batch_size=2" in repr(state) and "num_samples=2" in repr(state)
+    dropped = state.drop_cache()
+    assert dropped.kv_cache is None and dropped.cached_lengths.tolist() == [0] * 4
+    assert state.kv_cache is not None
+    one = state[0, 0, :]
+    assert one.value in ("yes", "no") and str(one) == list(state)[0]
+
+
+# ---------------------------------------------------------------- invariants (SPEC 4)
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("gen"), st.integers(1, 4)),
+        st.tuples(st.just("slice"), st.integers(0, 60)),
+        st.tuples(st.just("slice_from"), st.integers(1, 10)),
+        st.tuples(st.just("text"), st.sampled_from([" and", "s", " Paris.", "\n{", "0", " é"])),
+        st.tuples(st.just("texts"), st.sampled_from([["a", " b"], [" lives", "é"]])),
+        st.tuples(st.just("state"), st.just(None)),
+        st.tuples(st.just("rows"), st.integers(0, 1)),
+    ),
+    min_size=1, max_size=5,
+)
+
+
+def apply(op, arg, state, gen):
+    if op == "gen":
+        return gen(state, max_tokens=arg)
+    if op == "slice":
+        return state[0:state.batch_size, :arg]
+    if op == "slice_from":
+        return _quiet(lambda: state[0:state.batch_size, arg:])
+    if op == "text":
+        return state + arg
+    if op == "texts":
+        return state + arg[:state.batch_size] if state.batch_size == 2 else state + arg[0]
+    if op == "state":
+        return state + state
+    if op == "rows":
+        return state[arg % state.batch_size:arg % state.batch_size + 1, :] if state.batch_size > 1 else state
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS, batch=st.sampled_from([1, 2]))
+def test_any_sequence_of_operations_matches_recomputing(model, ops, batch):
+    gen = continuous(generate.text(model))
+    state = gen(PROMPTS[:2] if batch == 2 else PROMPTS[0], max_tokens=3)
+    for op, arg in ops:
+        before = list(state)
+        state2 = apply(op, arg, state, gen)
+        assert list(state) == before  # values: the operand never changes
+        state = state2
+    assert_equivalent(gen, state, n=4)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS)
+def test_no_waste(model, ops):
+    """tokens_forwarded grows by exactly the tokens the state's cache lacked, plus generated ones."""
+    gen = continuous(generate.text(model))
+    state = gen(PROMPTS[:2], max_tokens=3)
+    for op, arg in ops:
+        state = apply(op, arg, state, gen)
+    rows = state._rows
+    lacking = int(rows.attention_mask[:, rows.cache_length:].sum())
+    # a row whose last token is cached but whose logits a cut dropped recomputes that token
+    redo = sum(1 for r in range(rows.n_rows)
+               if not rows.logits_ok[r] and int(rows.attention_mask[r, rows.cache_length:].sum()) == 0)
+    before = model.stats.tokens_forwarded
+    out = gen(state, max_tokens=4)
+    generated = [len(out._rows.real_ids(r)) - len(rows.real_ids(r)) for r in range(rows.n_rows)]
+    # the last generated token of a row is forwarded only when the row is continued again
+    unforwarded = sum(1 for r in range(rows.n_rows) if not out._rows.logits_ok[r])
+    assert model.stats.tokens_forwarded - before == lacking + redo + sum(generated) - unforwarded
+    assert redo <= rows.n_rows  # the cut boundary costs at most one token per row
+
+
+def test_branches_from_one_prefix_continue_in_any_order(model):
+    gen = continuous(generate.text(model))
+    base = gen(PROMPTS[0], max_tokens=3)
+    a, b = base + " and Bob", base + " in Lima"
+    alone_a = list(gen(a.drop_cache(), max_tokens=5))
+    alone_b = list(gen(b.drop_cache(), max_tokens=5))
+    assert list(gen(b, max_tokens=5)) == alone_b
+    assert list(gen(a, max_tokens=5)) == alone_a
+    assert list(gen(base[:10], max_tokens=5)) == list(gen(base[:10].drop_cache(), max_tokens=5))
+    assert list(gen(a, max_tokens=5)) == alone_a
+
+
+def _quiet(fn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheResetWarning)
+        return fn()
