@@ -30,6 +30,35 @@ def _schema_string(schema) -> tuple[str, object]:
     raise TypeError("schema must be a pydantic model class, a JSON schema dict or str, or a callable")
 
 
+_MAX_ENUM = 1000
+
+
+def _bound_integers(node):
+    """Make integer bounds part of the regex, which outlines_core leaves open.
+
+    A bounded integer becomes an ``enum`` of its values when there are at most
+    1000 of them; otherwise its digits are bounded (``maxDigits``) so it ends.
+    """
+    if isinstance(node, list):
+        return [_bound_integers(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: _bound_integers(v) for k, v in node.items()}
+    if node.get("type") == "integer":
+        low = node.get("minimum", node.get("exclusiveMinimum", None))
+        high = node.get("maximum", node.get("exclusiveMaximum", None))
+        if "exclusiveMinimum" in node and "minimum" not in node:
+            low = low + 1 if low is not None else None
+        if "exclusiveMaximum" in node and "maximum" not in node:
+            high = high - 1 if high is not None else None
+        if low is not None and high is not None and 0 <= high - low < _MAX_ENUM:
+            keep = {k: v for k, v in node.items() if k in ("title", "description", "default")}
+            return {**keep, "enum": list(range(int(low), int(high) + 1))}
+        if high is not None and low is not None and "maxDigits" not in node:
+            node["maxDigits"] = max(len(str(abs(int(low)))), len(str(abs(int(high)))))
+    return node
+
+
 def json(model, schema, sampler=None, whitespace_pattern=None) -> SequenceGenerator:
     """A JSON document valid against a schema.
 
@@ -38,7 +67,8 @@ def json(model, schema, sampler=None, whitespace_pattern=None) -> SequenceGenera
     schema
         A pydantic model class (``value`` is an instance), a JSON-schema ``dict`` or
         ``str`` (``value`` is the parsed JSON), or a callable whose signature gives the
-        schema (``value`` is a dict of arguments).
+        schema (``value`` is a dict of arguments). Integer bounds (``minimum``,
+        ``maximum``) are enforced by the constraint, unlike outlines'.
     whitespace_pattern
         Regex for the whitespace allowed between JSON tokens (outlines_core's default
         when ``None``).
@@ -50,6 +80,7 @@ def json(model, schema, sampler=None, whitespace_pattern=None) -> SequenceGenera
     """
     schema_str, parse = _schema_string(schema)
     try:
+        schema_str = _json.dumps(_bound_integers(_json.loads(schema_str)))
         pattern = build_regex_from_schema(schema_str, whitespace_pattern)
     except Exception as exc:
         raise ValueError(f"cannot build a constraint from this JSON schema: {exc}") from exc

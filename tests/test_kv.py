@@ -1,0 +1,67 @@
+"""The local KV cache is a value: crop and select never change another view; the tip appends in place."""
+
+import torch
+
+from continuous.kv import ForwardCache, KVCache
+
+
+def fill(cache, rows, n, value):
+    """One fake forward of `n` slots through a 2-layer model writing `value`."""
+    fc = ForwardCache(cache, rows, n)
+    for layer in range(2):
+        k = torch.full((rows, 2, n, 4), float(value))
+        keys, values = fc.update(k, k.clone(), layer)
+        assert keys.shape[2] == fc.end
+    return fc.result(), fc
+
+
+def keys(cache, layer=0):
+    return cache._buffer.keys[layer][:, :, : cache.length]
+
+
+def test_tip_appends_in_place_and_older_views_stay_valid():
+    a, _ = fill(None, 1, 5, 1)
+    b, fc = fill(a, 1, 1, 2)
+    assert fc._buffer is a._buffer  # no copy when extending the newest state
+    assert a.length == 5 and torch.all(keys(a) == 1)
+    assert b.length == 6 and keys(b)[0, 0, -1, 0] == 2
+    # extending an older view copies its prefix first (copy on write)
+    c, fc = fill(a, 1, 1, 3)
+    assert fc._buffer is not a._buffer
+    assert keys(b)[0, 0, -1, 0] == 2 and keys(c)[0, 0, -1, 0] == 3
+
+
+def test_decoding_does_not_copy_per_token():
+    cache, _ = fill(None, 1, 10, 0)
+    buffers = set()
+    for i in range(500):
+        cache, fc = fill(cache, 1, 1, i)
+        buffers.add(id(fc._buffer))
+    assert cache.length == 510
+    assert len(buffers) <= 5  # capacity doubles: 64 -> 128 -> 256 -> 512 -> 1024
+
+
+def test_crop_and_select():
+    a, _ = fill(None, 3, 4, 0)
+    a._buffer.keys[0][1, :, :4] = 7  # mark row 1
+    cropped = a.crop(2)
+    assert cropped.length == 2 and cropped._buffer is a._buffer
+    assert a.crop(0) is None
+    assert a.select_rows(torch.arange(3)) is a
+    picked = a.select_rows(torch.tensor([1, 1, 0]))
+    assert picked.rows == 3 and picked.length == 4
+    assert torch.all(keys(picked)[:2] == 7) and torch.all(keys(picked)[2] == 0)
+    assert torch.all(keys(a)[1] == 7) and torch.all(keys(a)[0] == 0)  # source unchanged
+    grown, _ = fill(picked, 3, 1, 5)
+    assert torch.all(keys(a)[:, :, :4][1] == 7)
+    assert grown.length == 5
+
+
+def test_failed_forward_leaves_the_view_usable():
+    a, _ = fill(None, 1, 3, 1)
+    fc = ForwardCache(a, 1, 2)
+    fc.update(torch.full((1, 2, 2, 4), 9.0), torch.full((1, 2, 2, 4), 9.0), 0)
+    # the forward died before result(): `a` is still the tip and still reads its own slots
+    assert a._buffer.filled == 3 and torch.all(keys(a) == 1)
+    b, _ = fill(a, 1, 1, 4)
+    assert keys(b)[0, 0, -1, 0] == 4

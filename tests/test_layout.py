@@ -1,0 +1,48 @@
+"""Token boundaries and incremental text of rows."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from continuous.layout import Detokenizer, Rows, encode, retokenize
+
+TEXT = st.text(alphabet=st.sampled_from(list("ab lo {}\":,0123é€🙂\n")), max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(left=TEXT, right=TEXT)
+def test_appending_text_tokenizes_like_the_whole_text(tokenizer, left, right):
+    ids, ends = encode(tokenizer, left, special=True)
+    keep, new_ids, new_ends = retokenize(tokenizer, ids, ends, left, len(left), right)
+    whole_ids, whole_ends = encode(tokenizer, left + right, special=True)
+    assert ids[:keep] + new_ids == whole_ids
+    assert list(ends[:keep]) + new_ends == whole_ends
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=TEXT, cut=st.integers(0, 30))
+def test_cutting_text_tokenizes_like_the_cut_text(tokenizer, text, cut):
+    ids, ends = encode(tokenizer, text, special=True)
+    keep, new_ids, _ = retokenize(tokenizer, ids, ends, text, min(cut, len(text)), "")
+    assert ids[:keep] + new_ids == encode(tokenizer, text[:cut], special=True)[0]
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=TEXT)
+def test_incremental_decoding_rebuilds_the_text(tokenizer, text):
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    detok = Detokenizer(tokenizer, [tokenizer.bos_token_id])
+    out = ""
+    for t in ids:
+        piece = detok.step(t)
+        out += piece or ""
+    out += detok.flush()
+    assert out == text
+
+
+def test_rows_edit_makes_holes_and_keeps_other_rows(tokenizer):
+    rows = Rows.from_texts(tokenizer, ["Alice is here", "Bob"])
+    cut = rows.with_text(tokenizer, [5, 3], ["", " too"])
+    assert cut.texts == ("Alice", "Bob too")
+    assert cut.real_ids(0) == tokenizer("Alice").input_ids
+    assert cut.real_ids(1) == tokenizer("Bob too").input_ids
+    assert cut.attention_mask.shape[0] == 2

@@ -1,0 +1,68 @@
+"""Samplers return (next ids, ancestors, weights) and respect masks."""
+
+import pytest
+import torch
+
+from continuous import samplers
+
+
+def logits(rows=4, vocab=50, seed=0):
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy():
+    lg = logits()
+    ids, anc, w = samplers.greedy()(lg, torch.zeros(4))
+    assert torch.equal(ids, lg.argmax(-1)) and torch.equal(anc, torch.arange(4))
+    assert torch.allclose(w, torch.log_softmax(lg, -1).max(-1).values)
+
+
+def test_multinomial_respects_mask_top_k_top_p():
+    lg = logits()
+    lg[:, 10:] = -torch.inf
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        ids, _, _ = samplers.multinomial(top_k=3)(lg, torch.zeros(4), rng)
+        top3 = torch.topk(lg, 3).indices
+        assert all(ids[r] in top3[r] for r in range(4))
+    top1 = samplers.multinomial(top_k=1)(lg, torch.zeros(4), rng)[0]
+    assert torch.equal(top1, lg.argmax(-1))
+    tiny_p = samplers.multinomial(top_p=1e-6)(lg, torch.zeros(4), rng)[0]
+    assert torch.equal(tiny_p, lg.argmax(-1))  # the most likely token always survives top_p
+    processed = samplers.multinomial(top_p=0.5).process(lg)
+    probs = torch.softmax(lg, -1)
+    for r in range(4):
+        kept = probs[r][processed[r] > -torch.inf]
+        assert kept.sum() >= 0.5 and (kept.sum() - kept.min()) < 0.5
+
+
+def test_multinomial_weights_use_the_processed_distribution():
+    lg = logits(rows=2)
+    sampler = samplers.multinomial(temperature=0.5)
+    ids, _, w = sampler(lg, torch.tensor([1.0, 2.0]), torch.Generator().manual_seed(1))
+    expected = torch.log_softmax(lg / 0.5, -1).gather(1, ids[:, None]).squeeze(1) + torch.tensor([1.0, 2.0])
+    assert torch.allclose(w, expected)
+
+
+def test_beam_search_keeps_the_best_rows_per_prompt():
+    lg = logits(rows=4, vocab=5)
+    weights = torch.tensor([0.0, -1.0, -0.5, -0.2])
+    ids, anc, w = samplers.beam_search(2)(lg, weights)
+    scores = weights[:, None] + torch.log_softmax(lg, -1)
+    for b in range(2):
+        group = scores[2 * b: 2 * b + 2].flatten()
+        best = torch.topk(group, 2)
+        assert torch.allclose(w[2 * b: 2 * b + 2], best.values)
+        assert anc[2 * b: 2 * b + 2].tolist() == [2 * b + int(i) // 5 for i in best.indices]
+        assert ids[2 * b: 2 * b + 2].tolist() == [int(i) % 5 for i in best.indices]
+
+
+def test_bad_parameters():
+    with pytest.raises(ValueError):
+        samplers.multinomial(0)
+    with pytest.raises(ValueError):
+        samplers.multinomial(temperature=0)
+    with pytest.raises(ValueError):
+        samplers.multinomial(top_p=1.5)
+    with pytest.raises(ValueError):
+        samplers.beam_search(0)
