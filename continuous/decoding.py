@@ -56,13 +56,11 @@ def top_up(model, rows: Rows) -> Rows:
         edits = []
         for r in range(rows.n_rows):
             n = len(rows.ends[r])
-            if r in redo:
+            if r in redo:  # the token becomes a hole and comes back past the cache
                 edits.append((n - 1, [rows.real_ids(r)[-1]], [rows.ends[r][-1]], rows.texts[r]))
             else:
                 edits.append((n, [], [], rows.texts[r]))
-        keep_ok = rows.logits_ok
         rows = rows.edit(edits)
-        rows = replace(rows, logits_ok=tuple(ok and r not in redo for r, ok in enumerate(keep_ok)))
         mask, start = rows.attention_mask, rows.cache_length
     length = mask.shape[1]
     if length == start:

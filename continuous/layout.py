@@ -39,10 +39,12 @@ def retokenize(tokenizer, ids: Sequence[int], ends: Sequence[int], text: str, cu
                suffix: str) -> tuple[int, list[int], list[int]]:
     """How a row's tokens change when its text becomes ``text[:cut] + suffix``.
 
-    Tokens ending after ``cut`` are dropped; the text from the last kept token on is
-    re-encoded with ``suffix``, in a window that widens until its first token is stable,
-    so the result is what tokenizing the whole text gives around the boundary while
-    every token before the window is kept (and keeps its cache).
+    Tokens ending after ``cut`` are dropped. The rest of the new text is encoded after
+    the kept tokens, except where the tokenizer merges across the boundary: then the
+    last kept tokens that the merge reaches are re-encoded with it. The merge is found
+    by encoding a window of the old text alone and with the new text, widening the
+    window until its first token is stable. Old tokens are never re-canonicalized: a
+    generated token sequence the tokenizer would have split otherwise is kept as is.
 
     Returns
     -------
@@ -53,24 +55,34 @@ def retokenize(tokenizer, ids: Sequence[int], ends: Sequence[int], text: str, cu
     first = 0  # the special prefix (BOS) ends at character 0 and is never re-encoded
     while first < keep and ends[first] == 0:
         first += 1
-    tail = text[:cut] + suffix
+    end_kept = ends[keep - 1] if keep else 0
+    rest = text[end_kept:cut] + suffix
+    if not rest:
+        return keep, [], []
     window = 4
     while True:
         start_tok = max(first, keep - window)
-        start_char = ends[start_tok - 1] if start_tok > 0 else 0
-        chunk = tail[start_char:]
-        if chunk:
-            new_ids, new_ends = encode(tokenizer, chunk, special=False)
-        else:
-            new_ids, new_ends = [], []
+        start = ends[start_tok - 1] if start_tok > 0 else 0
+        alone, _ = encode(tokenizer, text[start:end_kept], special=False) if end_kept > start else ([], [])
+        joined, joined_ends = encode(tokenizer, text[start:end_kept] + rest, special=False)
         same = 0
-        while same < min(len(new_ids), keep - start_tok) and new_ids[same] == ids[start_tok + same]:
+        while same < min(len(alone), len(joined)) and alone[same] == joined[same]:
             same += 1
         # A changed first token means a merge may reach further back: widen the window.
-        if same > 0 or start_tok == first:
+        if same > 0 or start_tok == first or not alone:
             break
         window *= 4
-    return start_tok + same, new_ids[same:], [start_char + e for e in new_ends[same:]]
+    merge_at = start + joined_ends[same - 1] if same else start
+    if same == len(alone):  # no merge across the boundary
+        return keep, joined[same:], [start + e for e in joined_ends[same:]]
+    keep = bisect.bisect_right(ends, merge_at, 0, keep)
+    end_kept = ends[keep - 1] if keep else 0
+    if end_kept == merge_at:
+        return keep, joined[same:], [start + e for e in joined_ends[same:]]
+    # The old tokens do not end where the merge starts (they were not the tokenizer's
+    # own split): re-encode from the last old token boundary before it.
+    new_ids, new_ends = encode(tokenizer, text[end_kept:cut] + suffix, special=False)
+    return keep, new_ids, [end_kept + e for e in new_ends]
 
 
 class Detokenizer:

@@ -111,6 +111,10 @@ class ContinuousGenerator:
         fork = samples if samples_in == 1 else 1
         steps = decode(model, rows, weights.reshape(-1), self.generator.index, sampler, fork=fork,
                        max_tokens=max_tokens, stop_at=stop_at, rng=rng)
+        # Arguments are checked above, when stream() is called; the steps run when iterated.
+        return self._run(steps, batch_size, samples)
+
+    def _run(self, steps, batch_size: int, samples: int) -> Iterator[Any]:
         while True:
             try:
                 pieces = next(steps)
@@ -118,7 +122,7 @@ class ContinuousGenerator:
                 result: Generation = done.value
                 break
             yield shape_rows([p or "" for p in pieces], batch_size, samples)
-        return SequenceState(model, result.rows, result.weights, batch_size, samples,
+        return SequenceState(self.generator.model, result.rows, result.weights, batch_size, samples,
                              result.texts, self.generator.parse)
 
     def _rows_of(self, prompt) -> tuple[Rows, torch.Tensor, int, int]:

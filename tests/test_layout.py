@@ -46,3 +46,19 @@ def test_rows_edit_makes_holes_and_keeps_other_rows(tokenizer):
     assert cut.real_ids(0) == tokenizer("Alice").input_ids
     assert cut.real_ids(1) == tokenizer("Bob too").input_ids
     assert cut.attention_mask.shape[0] == 2
+
+
+def test_tokens_the_tokenizer_would_split_otherwise_are_kept(tokenizer):
+    """A generated, non-canonical token sequence is not re-encoded when text is appended."""
+    text = "Alice lives"
+    chars = [tokenizer.convert_tokens_to_ids(c if c != " " else "Ġ") for c in text]
+    ids = [tokenizer.bos_token_id] + chars
+    ends = [0] + list(range(1, len(text) + 1))
+    keep, new_ids, new_ends = retokenize(tokenizer, ids, ends, text, len(text), "\nBob")
+    assert keep == len(ids)
+    assert new_ids == tokenizer("\nBob", add_special_tokens=False).input_ids
+    assert new_ends[-1] == len(text) + 4
+    # a merge across the boundary re-encodes only the old tokens it reaches
+    keep, new_ids, _ = retokenize(tokenizer, ids, ends, text, len(text), "s and")
+    assert len(ids) - keep <= 6
+    assert tokenizer.decode(ids[1:keep] + new_ids) == text + "s and"

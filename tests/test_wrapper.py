@@ -170,3 +170,10 @@ def test_wraps_outlines_generators(model, hf_model, tokenizer):
     assert more.kv_cache is not None and set(more.value) <= set("abc")
     free = continuous(outlines.Generator(om))
     assert isinstance(free("Alice", max_tokens=3).value, str)
+
+
+def test_stream_checks_its_arguments_when_called(gen):
+    with pytest.raises(TypeError):
+        gen.stream(42)
+    with pytest.raises(ValueError):
+        gen.stream("a", max_tokens=-2)

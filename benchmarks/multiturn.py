@@ -1,0 +1,139 @@
+"""Multi-turn JSON chat: continuous against outlines (whole history each turn) and the ideal loop.
+
+    python benchmarks/multiturn.py [--quick] [--save] [--reps N]
+
+A long system prompt, then turns that each append a user message and generate a JSON
+answer under the same schema and max tokens. "ideal" is a hand-written loop of HF
+forward calls on one DynamicCache, masking with the same outlines_core index: the
+least work the task needs. Competitors run interleaved in one process.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from outlines_core import Guide
+from outlines_core.kernels.torch import fill_next_token_bitmask
+from pydantic import BaseModel
+from transformers import DynamicCache
+
+from common import count_positions, emit, median, parse_args, random_text, reference_model, timed
+from continuous import continuous, generate, models
+from continuous.guides import build_index
+
+
+class Answer(BaseModel):
+    intent: str
+    city: str
+    count: int
+
+
+def bool_mask(guide, bitmask, vocab):
+    fill_next_token_bitmask(guide, bitmask)
+    words = bitmask.to(torch.int64) & 0xFFFFFFFF
+    bits = (words.unsqueeze(-1) >> torch.arange(32)) & 1
+    return bits.view(-1)[:vocab].bool()
+
+
+def run_ideal(hf, tok, index, system, messages, max_tokens):
+    """One DynamicCache, each turn forwards the new message (and the last answer token)."""
+    vocab = hf.config.vocab_size
+    bitmask = torch.zeros(1, (vocab + 31) // 32, dtype=torch.int32)
+    cache = DynamicCache(config=hf.config)
+    pending = tok(system).input_ids
+    turn_seconds = []
+    with torch.no_grad():
+        for msg in messages:
+            t0 = torch.tensor(0.0)
+            import time
+            t = time.perf_counter()
+            pending = pending + tok(msg, add_special_tokens=False).input_ids
+            guide = Guide(index)
+            for step in range(max_tokens):
+                out = hf(torch.tensor([pending]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+                logits = out.logits[0, -1].masked_fill(~bool_mask(guide, bitmask, vocab), -torch.inf)
+                token = int(logits.argmax())
+                if token == tok.eos_token_id:
+                    pending = []
+                    break
+                guide.advance(token, return_tokens=False)
+                pending = [token]
+                if guide.is_finished() and guide.get_tokens() == [tok.eos_token_id]:
+                    break
+            turn_seconds.append(time.perf_counter() - t)
+    return turn_seconds
+
+
+def run_continuous(gen, system, messages, max_tokens):
+    import time
+    state = system
+    turn_seconds = []
+    for msg in messages:
+        t = time.perf_counter()
+        state = gen(state + msg if not isinstance(state, str) else state + msg, max_tokens=max_tokens)
+        turn_seconds.append(time.perf_counter() - t)
+    return turn_seconds
+
+
+def run_outlines(generator, system, messages, max_tokens):
+    import time
+    history = system
+    turn_seconds = []
+    for msg in messages:
+        t = time.perf_counter()
+        history += msg
+        history += generator(history, max_new_tokens=max_tokens)
+        turn_seconds.append(time.perf_counter() - t)
+    return turn_seconds
+
+
+def main():
+    import outlines
+
+    args = parse_args(__doc__)
+    size = "small" if args.quick else "mid"
+    hf, tok, _ = reference_model(size)
+    system_tokens, turns, msg_tokens, max_tokens = (256, 3, 32, 8) if args.quick else (1024, 8, 64, 16)
+    system = random_text(tok, system_tokens, seed=1)
+    messages = [f"\nUser: {random_text(tok, msg_tokens - 6, seed=10 + i)}\nAssistant:" for i in range(turns)]
+
+    model = models.transformers(hf, tok)
+    gen = continuous(generate.json(model, Answer))
+    index = build_index(gen.generator.regex, tok)
+    o_gen = outlines.Generator(outlines.from_transformers(hf, tok), Answer)
+    o_gen("warm up", max_new_tokens=2)  # outlines' mask kernel compiles on its first call
+
+    seconds = {"continuous": [], "ideal": [], "outlines": []}
+    per_turn = {"continuous": [], "ideal": [], "outlines": []}
+    tokens = {}
+    for rep in range(args.reps):
+        for name in ("continuous", "ideal", "outlines"):
+            with count_positions(hf) as counter:
+                if name == "continuous":
+                    turn_s, total = timed(lambda: run_continuous(gen, system, messages, max_tokens))
+                elif name == "ideal":
+                    turn_s, total = timed(lambda: run_ideal(hf, tok, index, system, messages, max_tokens))
+                else:
+                    turn_s, total = timed(lambda: run_outlines(o_gen, system, messages, max_tokens))
+            seconds[name].append(total)
+            per_turn[name].append(turn_s)
+            tokens[name] = counter["tokens"]
+    med = {k: median(v) for k, v in seconds.items()}
+    turn_medians = {k: [median([rep[i] for rep in v]) for i in range(turns)] for k, v in per_turn.items()}
+    table = [("", "tokens forwarded", "seconds (median)", "vs ideal")]
+    for name in ("continuous", "ideal", "outlines"):
+        table.append((name, tokens[name], f"{med[name]:.2f}", f"{med[name] / med['ideal']:.2f}x"))
+    result = {
+        "bench": "multiturn", "model": size, "turns": turns,
+        "tokens": tokens, "seconds": {k: round(v, 3) for k, v in med.items()},
+        "per_turn_seconds": {k: [round(x, 3) for x in v] for k, v in turn_medians.items()},
+        "bars": {"tokens_equal_ideal": tokens["continuous"] == tokens["ideal"],
+                 "time_vs_ideal": round(med["continuous"] / med["ideal"], 3),
+                 "speedup_vs_outlines": round(med["outlines"] / med["continuous"], 3)},
+    }
+    emit("multiturn", table, result, args.save)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Slices, appends and sums of a long state, continued: tokens forwarded against the bound, and time
+against doing the same after drop_cache().
+
+    python benchmarks/stateops.py [--quick] [--save] [--reps N]
+
+Bounds, per operation continued by ``new`` tokens (the last one is sampled, not forwarded):
+- slice at character M: the tokens re-encoded after the last whole token before M, plus
+  that token (its logits were cut off), plus ``new - 1``;
+- append of a text: its tokens, plus the merge at the boundary (re-encoded old tokens),
+  plus the state's last token (sampled, never forwarded), plus ``new - 1``;
+- sum: the right operand's tokens plus the same boundary terms.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+
+from common import emit, median, parse_args, random_text, reference_model, timed
+from continuous import CacheResetWarning, continuous, generate, models
+
+
+def main():
+    args = parse_args(__doc__)
+    size = "small" if args.quick else "mid"
+    hf, tok, _ = reference_model(size)
+    model = models.transformers(hf, tok)
+    gen = continuous(generate.text(model))
+    length, n_slices, n_appends, n_sums, new = (200, 4, 4, 2, 4) if args.quick else (600, 20, 20, 10, 8)
+    base = gen(random_text(tok, length - 1, seed=5), max_tokens=1)
+    text = str(base)
+    base_tokens = len(base._rows.real_ids(0))
+    rng = random.Random(0)
+    appendix = [random_text(tok, 40, seed=100 + i) for i in range(n_appends)]
+    ops = [("slice", rng.randrange(1, len(text))) for _ in range(n_slices)]
+    ops += [("append", a) for a in appendix] + [("sum", None)] * n_sums
+
+    results = []
+    for op, arg in ops:
+        if op == "slice":
+            state = base[:arg]
+            whole = sum(1 for e in base._rows.ends[0] if e <= arg)
+            bound = len(tok(text[:arg]).input_ids) - whole + 1 + new - 1
+        elif op == "append":
+            state = base + arg
+            added = len(tok(arg, add_special_tokens=False).input_ids)
+            bound = added + 2 + 1 + new - 1  # up to 2 tokens of merge at the boundary
+        else:
+            state = base + base
+            bound = base_tokens - 1 + 2 + 1 + new - 1
+        before = model.stats.tokens_forwarded
+        _, seconds = timed(lambda: gen(state, max_tokens=new))
+        forwarded = model.stats.tokens_forwarded - before
+        fresh = state.drop_cache()
+        _, seconds_re = timed(lambda: gen(fresh, max_tokens=new))
+        results.append({"op": op, "tokens_forwarded": forwarded, "bound": bound,
+                        "seconds": round(seconds, 4), "seconds_recompute": round(seconds_re, 4)})
+
+    table = [("op", "count", "max tokens over bound", "median tokens", "median s", "median s recompute",
+              "speedup")]
+    for op in ("slice", "append", "sum"):
+        rows = [r for r in results if r["op"] == op]
+        over = max(r["tokens_forwarded"] - r["bound"] for r in rows)
+        s, s_re = median([r["seconds"] for r in rows]), median([r["seconds_recompute"] for r in rows])
+        table.append((op, len(rows), over, median([r["tokens_forwarded"] for r in rows]), f"{s:.3f}",
+                      f"{s_re:.3f}", f"{s_re / s:.1f}x"))
+    result = {"bench": "stateops", "model": size, "state_tokens": base_tokens, "ops": results,
+              "bars": {"all_within_bound": all(r["tokens_forwarded"] <= r["bound"] for r in results)}}
+    emit("stateops", table, result, args.save)
+
+
+if __name__ == "__main__":
+    warnings.simplefilter("ignore", CacheResetWarning)
+    main()
