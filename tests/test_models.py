@@ -1,0 +1,43 @@
+"""models.transformers: loading, stats, and the forward over a cache with holes."""
+
+import pytest
+import torch
+
+from continuous import continuous, generate, models
+from continuous.models.base import Stats
+from continuous.testing import build_model_dir
+
+
+def test_loads_from_a_path_and_counts_its_work(tmp_path_factory):
+    path = build_model_dir(tmp_path_factory.mktemp("m") / "tiny", size="tiny", seed=3)
+    model = models.transformers(path, dtype=torch.float32)
+    assert model.tokenizer.is_fast and model.vocab_size >= len(model.tokenizer)
+    state = continuous(generate.text(model))("Alice", max_tokens=3)
+    n_prompt = len(model.tokenizer("Alice").input_ids)
+    assert model.stats.tokens_forwarded == n_prompt + 2
+    assert model.stats.forward_calls == 3
+    assert model.stats.snapshot()["positions_forwarded"] == n_prompt + 2
+    model.stats.reset()
+    assert model.stats == Stats()
+    assert str(state).startswith("Alice")
+
+
+def test_the_same_hf_model_gives_the_same_backend(hf_model, tokenizer, model):
+    assert models.transformers(hf_model, tokenizer) is model
+    with pytest.raises(TypeError):
+        models.transformers(hf_model)
+
+
+def test_forward_with_holes_matches_a_plain_forward(model, hf_model, tokenizer):
+    ids = torch.tensor([tokenizer("Alice lives in Paris with a cat.").input_ids])
+    with torch.no_grad():
+        ref = hf_model(ids).logits[0, -1]
+    holes = torch.zeros(1, 3, dtype=torch.long)
+    grid = torch.cat([ids[:, :4], holes, ids[:, 4:]], 1)
+    mask = torch.cat([torch.ones(1, 4, dtype=torch.long), holes, torch.ones_like(ids[:, 4:])], 1)
+    _, cache = model.forward(grid[:, :6], mask[:, :6], None)
+    logits, cache = model.forward(grid[:, 6:], mask, cache)
+    torch.testing.assert_close(logits[0, -1], ref, atol=1e-4, rtol=1e-4)
+    assert cache.length == grid.shape[1]
+    with pytest.raises(ValueError):
+        model.forward(grid[:, 6:], mask[:, :5], cache)
