@@ -25,6 +25,19 @@ def parse_args(description: str) -> argparse.Namespace:
     return parser.parse_args()
 
 
+def setup(description: str):
+    """Parse the arguments and load the model: "small" with --quick, else "mid".
+
+    Returns (args, size, HF model, tokenizer, continuous model).
+    """
+    from continuous import models
+
+    args = parse_args(description)
+    size = "small" if args.quick else "mid"
+    hf, tok, _ = reference_model(size)
+    return args, size, hf, tok, models.transformers(hf, tok)
+
+
 def reference_model(size: str):
     """The BENCHMARKS.md reference model of this size, built once then loaded from disk.
 

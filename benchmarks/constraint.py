@@ -8,8 +8,8 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 import continuous.guides as guides
-from common import count_positions, emit, median, parse_args, random_text, reference_model, timed
-from continuous import continuous, generate, models
+from common import setup, count_positions, emit, median, random_text, timed
+from continuous import continuous, generate
 
 
 class Item(BaseModel):
@@ -21,10 +21,7 @@ class Item(BaseModel):
 def main():
     import outlines
 
-    args = parse_args(__doc__)
-    size = "small" if args.quick else "mid"
-    hf, tok, _ = reference_model(size)
-    model = models.transformers(hf, tok)
+    args, size, hf, tok, model = setup(__doc__)
     n = 16 if args.quick else 64
 
     # Build times: cold clears the in-memory caches; warm builds the same generator again.

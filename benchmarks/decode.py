@@ -8,11 +8,13 @@ interleaved; the table shows medians of the per-token time.
 
 from __future__ import annotations
 
+import time
+
 import torch
 from transformers import DynamicCache
 
-from common import emit, median, parse_args, random_text, reference_model, timed
-from continuous import continuous, generate, models
+from common import setup, emit, median, random_text, timed
+from continuous import continuous, generate
 
 
 def hf_decode(model, ids, n):
@@ -21,16 +23,14 @@ def hf_decode(model, ids, n):
         cache = DynamicCache(config=model.config)
         out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         token = out.logits[:, -1].argmax(-1, keepdim=True)
-        _, seconds = timed(lambda: [token := model(token, past_key_values=cache, use_cache=True)
-                                    .logits[:, -1].argmax(-1, keepdim=True) for _ in range(n)])
-    return seconds
+        start = time.perf_counter()
+        for _ in range(n):
+            token = model(token, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+    return time.perf_counter() - start
 
 
 def main():
-    args = parse_args(__doc__)
-    size = "small" if args.quick else "mid"
-    hf, tok, _ = reference_model(size)
-    model = models.transformers(hf, tok)
+    args, size, hf, tok, model = setup(__doc__)
     gen = continuous(generate.text(model))
     n = 16 if args.quick else 64
     rows = [("context", "continuous ms/token", "HF DynamicCache ms/token", "ratio")]

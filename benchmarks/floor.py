@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from common import emit, median, parse_args, random_text, reference_model, timed
-from continuous import continuous, generate, models
+from common import setup, emit, median, random_text, timed
+from continuous import continuous, generate
 
 
 def bandwidth(n_bytes: int = 1 << 30, reps: int = 5) -> float:
@@ -24,10 +24,7 @@ def bandwidth(n_bytes: int = 1 << 30, reps: int = 5) -> float:
 
 
 def main():
-    args = parse_args(__doc__)
-    size = "small" if args.quick else "mid"
-    hf, tok, _ = reference_model(size)
-    model = models.transformers(hf, tok)
+    args, size, hf, tok, model = setup(__doc__)
     gen = continuous(generate.text(model))
     n = 32 if args.quick else 128
     weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())

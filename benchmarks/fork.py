@@ -5,17 +5,14 @@
 
 from __future__ import annotations
 
-from common import count_positions, emit, median, parse_args, random_text, reference_model, timed
-from continuous import continuous, generate, models, samplers
+from common import setup, count_positions, emit, median, random_text, timed
+from continuous import continuous, generate, samplers
 
 
 def main():
     import outlines
 
-    args = parse_args(__doc__)
-    size = "small" if args.quick else "mid"
-    hf, tok, _ = reference_model(size)
-    model = models.transformers(hf, tok)
+    args, size, hf, tok, model = setup(__doc__)
     samples, prompt_tokens, new = (4, 128, 8) if args.quick else (8, 512, 32)
     prompt = random_text(tok, prompt_tokens - 1, seed=7)  # with BOS: prompt_tokens
     gen = continuous(generate.text(model, samplers.multinomial(samples)))

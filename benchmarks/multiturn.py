@@ -10,7 +10,7 @@ least work the task needs. Competitors run interleaved in one process.
 
 from __future__ import annotations
 
-import json
+import time
 
 import torch
 from outlines_core import Guide
@@ -18,8 +18,8 @@ from outlines_core.kernels.torch import fill_next_token_bitmask
 from pydantic import BaseModel
 from transformers import DynamicCache
 
-from common import count_positions, emit, median, parse_args, random_text, reference_model, timed
-from continuous import continuous, generate, models
+from common import setup, count_positions, emit, median, random_text, timed
+from continuous import continuous, generate
 from continuous.guides import build_index
 
 
@@ -36,69 +36,49 @@ def bool_mask(guide, bitmask, vocab):
     return bits.view(-1)[:vocab].bool()
 
 
-def run_ideal(hf, tok, index, system, messages, max_tokens):
-    """One DynamicCache, each turn forwards the new message (and the last answer token)."""
+def run_turns(step, system, messages):
+    """Seconds of each turn; ``step(history, message)`` returns the new history."""
+    history, seconds = system, []
+    for msg in messages:
+        t = time.perf_counter()
+        history = step(history, msg)
+        seconds.append(time.perf_counter() - t)
+    return seconds
+
+
+def ideal_turns(hf, tok, index, system, messages, max_tokens):
+    """One DynamicCache; each turn forwards its message (and the previous answer's last token)."""
     vocab = hf.config.vocab_size
     bitmask = torch.zeros(1, (vocab + 31) // 32, dtype=torch.int32)
     cache = DynamicCache(config=hf.config)
-    pending = tok(system).input_ids
-    turn_seconds = []
-    with torch.no_grad():
-        for msg in messages:
-            t0 = torch.tensor(0.0)
-            import time
-            t = time.perf_counter()
-            pending = pending + tok(msg, add_special_tokens=False).input_ids
-            guide = Guide(index)
-            for step in range(max_tokens):
+
+    def step(pending, msg):
+        pending = pending + tok(msg, add_special_tokens=False).input_ids
+        guide = Guide(index)
+        with torch.no_grad():
+            for _ in range(max_tokens):
                 out = hf(torch.tensor([pending]), past_key_values=cache, use_cache=True, logits_to_keep=1)
                 logits = out.logits[0, -1].masked_fill(~bool_mask(guide, bitmask, vocab), -torch.inf)
                 token = int(logits.argmax())
                 if token == tok.eos_token_id:
-                    pending = []
-                    break
+                    return []
                 guide.advance(token, return_tokens=False)
                 pending = [token]
                 if guide.is_finished() and guide.get_tokens() == [tok.eos_token_id]:
                     break
-            turn_seconds.append(time.perf_counter() - t)
-    return turn_seconds
+        return pending
 
-
-def run_continuous(gen, system, messages, max_tokens):
-    import time
-    state = system
-    turn_seconds = []
-    for msg in messages:
-        t = time.perf_counter()
-        state = gen(state + msg if not isinstance(state, str) else state + msg, max_tokens=max_tokens)
-        turn_seconds.append(time.perf_counter() - t)
-    return turn_seconds
-
-
-def run_outlines(generator, system, messages, max_tokens):
-    import time
-    history = system
-    turn_seconds = []
-    for msg in messages:
-        t = time.perf_counter()
-        history += msg
-        history += generator(history, max_new_tokens=max_tokens)
-        turn_seconds.append(time.perf_counter() - t)
-    return turn_seconds
+    return run_turns(step, tok(system).input_ids, messages)
 
 
 def main():
     import outlines
 
-    args = parse_args(__doc__)
-    size = "small" if args.quick else "mid"
-    hf, tok, _ = reference_model(size)
+    args, size, hf, tok, model = setup(__doc__)
     system_tokens, turns, msg_tokens, max_tokens = (256, 3, 32, 8) if args.quick else (1024, 8, 64, 16)
     system = random_text(tok, system_tokens, seed=1)
     messages = [f"\nUser: {random_text(tok, msg_tokens - 6, seed=10 + i)}\nAssistant:" for i in range(turns)]
 
-    model = models.transformers(hf, tok)
     gen = continuous(generate.json(model, Answer))
     index = build_index(gen.generator.regex, tok)
     o_gen = outlines.Generator(outlines.from_transformers(hf, tok), Answer)
@@ -111,11 +91,13 @@ def main():
         for name in ("continuous", "ideal", "outlines"):
             with count_positions(hf) as counter:
                 if name == "continuous":
-                    turn_s, total = timed(lambda: run_continuous(gen, system, messages, max_tokens))
+                    turn_s, total = timed(lambda: run_turns(
+                        lambda h, m: gen(h + m, max_tokens=max_tokens), system, messages))
                 elif name == "ideal":
-                    turn_s, total = timed(lambda: run_ideal(hf, tok, index, system, messages, max_tokens))
+                    turn_s, total = timed(lambda: ideal_turns(hf, tok, index, system, messages, max_tokens))
                 else:
-                    turn_s, total = timed(lambda: run_outlines(o_gen, system, messages, max_tokens))
+                    turn_s, total = timed(lambda: run_turns(
+                        lambda h, m: h + m + o_gen(h + m, max_new_tokens=max_tokens), system, messages))
             seconds[name].append(total)
             per_turn[name].append(turn_s)
             tokens[name] = counter["tokens"]

@@ -16,15 +16,12 @@ from __future__ import annotations
 import random
 import warnings
 
-from common import emit, median, parse_args, random_text, reference_model, timed
-from continuous import CacheResetWarning, continuous, generate, models
+from common import setup, emit, median, random_text, timed
+from continuous import CacheResetWarning, continuous, generate
 
 
 def main():
-    args = parse_args(__doc__)
-    size = "small" if args.quick else "mid"
-    hf, tok, _ = reference_model(size)
-    model = models.transformers(hf, tok)
+    args, size, hf, tok, model = setup(__doc__)
     gen = continuous(generate.text(model))
     length, n_slices, n_appends, n_sums, new = (200, 4, 4, 2, 4) if args.quick else (600, 20, 20, 10, 8)
     base = gen(random_text(tok, length - 1, seed=5), max_tokens=1)

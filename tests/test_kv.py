@@ -2,7 +2,7 @@
 
 import torch
 
-from continuous.kv import ForwardCache, KVCache
+from continuous.kv import ForwardCache
 
 
 def fill(cache, rows, n, value):
