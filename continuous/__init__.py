@@ -5,7 +5,8 @@
 conversation, a slice or a sum never recomputes what the model has already seen.
 """
 
-from . import generate, models, samplers
+import importlib
+
 from .errors import (
     BatchMismatch,
     BatchMismatchError,
@@ -14,8 +15,6 @@ from .errors import (
     SampleMismatchError,
     SlicingError,
 )
-from .state import SequenceState
-from .wrapper import ContinuousGenerator, continuous
 
 __version__ = "0.1.0"
 
@@ -24,3 +23,23 @@ __all__ = [
     "SampleMismatch", "BatchMismatch", "SlicingError", "CacheResetWarning",
     "SampleMismatchError", "BatchMismatchError",
 ]
+
+# Imported on first use: a swarm server (`python -m continuous.server`) needs none of
+# them, and outlines and transformers take seconds to import.
+_LAZY = {
+    "continuous": ".wrapper", "ContinuousGenerator": ".wrapper", "SequenceState": ".state",
+    "generate": ".generate", "models": ".models", "samplers": ".samplers",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        module = importlib.import_module(_LAZY[name], __name__)
+        value = module if name in ("generate", "models", "samplers") else getattr(module, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

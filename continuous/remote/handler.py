@@ -1,0 +1,230 @@
+"""The server side of an inference session: one libp2p stream, one session, one cache.
+
+The client opens a stream and sends an ``open`` message (the blocks it wants, the
+session's ``max_length`` and ``batch_size``); the server reserves the cache in its
+budget or refuses. Then each ``step`` message carries new hidden states and, in its
+metadata, the ``start_position`` of the step (positions before it are kept, the rest
+dropped); optional tensors ``hypo_ids``, ``attention_mask``, ``position_ids`` select
+rows of the cache before the step, mask keys and place tokens for RoPE. Every value is
+checked against the session before any compute. A session idle for longer than its
+timeout is closed and its memory released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+from hivemind.proto import runtime_pb2
+
+from continuous.remote.backend import Blocks
+from continuous.remote.memory import MemoryBudget, SessionCache
+from continuous.remote.protocol import (
+    MAX_CONTROL_BYTES, BadRequestError, MaxLengthError, ProtocolError, RemoteError, SessionTimeoutError,
+    ServerShutdownError, error_metadata, read_message, write_message,
+)
+
+logger = logging.getLogger(__name__)
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_REPLY_COMPRESSIONS = (runtime_pb2.CompressionType.NONE, runtime_pb2.CompressionType.FLOAT16)
+_TENSOR_NAMES = ("hidden_states", "hypo_ids", "attention_mask", "position_ids")
+
+
+@dataclass
+class Session:
+    start: int
+    end: int
+    max_length: int
+    batch_size: int
+    timeout: float
+    nbytes: int
+    cache: SessionCache | None = None
+
+    def step_bytes(self, hidden_size: int) -> int:
+        # The largest step: float32 hidden states, int64 mask and positions for every position.
+        return self.batch_size * self.max_length * (hidden_size * 4 + 16) + MAX_CONTROL_BYTES
+
+
+def _int(metadata: dict, key: str, low: int, high: int) -> int:
+    value = metadata.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise BadRequestError(f"{key} must be an integer in [{low}, {high}], got {value!r}")
+    return value
+
+
+class InferenceHandler:
+    """Serves inference streams over a span of blocks.
+
+    Parameters
+    ----------
+    blocks
+        The loaded blocks.
+    budget
+        The cache budget shared by the sessions.
+    max_length
+        Longest session the server accepts.
+    session_timeout
+        Longest idle time of a session, in seconds; a client may ask for less.
+    on_change
+        Called (in the event loop) when the free cache changes, to announce it.
+    """
+
+    def __init__(self, blocks: Blocks, budget: MemoryBudget, max_length: int, session_timeout: float,
+                 on_change=lambda: None):
+        self.blocks, self.budget = blocks, budget
+        self.max_length, self.session_timeout = max_length, session_timeout
+        self.on_change = on_change
+        # One compute thread: steps run one at a time, off the event loop, so the DHT
+        # and the other streams keep being served while a step computes.
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="continuous-compute")
+        self.tasks: set[asyncio.Task] = set()
+        self.closing = False
+
+    async def __call__(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self.tasks.add(task)
+        session = None
+        try:
+            session = await self._open(reader, writer)
+            if session is not None:  # reserved: from here on, `finally` releases it
+                await write_message(writer, {"ok": True, "timeout": session.timeout}, response=True)
+                await self._serve(session, reader, writer)
+        except asyncio.CancelledError:
+            await self._reply_error(writer, ServerShutdownError("the server is shutting down"))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client went away
+        except Exception as e:
+            logger.warning("inference stream failed: %r", e, exc_info=not isinstance(e, RemoteError))
+            await self._reply_error(writer, e)
+        finally:
+            if session is not None:
+                session.cache = None
+                self.budget.release(session.nbytes)
+                self.on_change()
+            self.tasks.discard(task)
+            writer.close()
+
+    async def _reply_error(self, writer: asyncio.StreamWriter, error: BaseException) -> None:
+        try:
+            await asyncio.wait_for(write_message(writer, error_metadata(error), response=True), 2)
+        except Exception:
+            pass
+
+    async def _open(self, reader, writer) -> Session | None:
+        metadata, tensors = await read_message(reader, MAX_CONTROL_BYTES, timeout=self.session_timeout)
+        if metadata.get("type") != "open" or tensors:
+            raise ProtocolError("the first message of a stream must open a session")
+        if self.closing:
+            raise ServerShutdownError("the server is shutting down")
+        b = self.blocks
+        try:
+            start = _int(metadata, "start", b.start, b.end - 1)
+            end = _int(metadata, "end", start + 1, b.end)
+            batch_size = _int(metadata, "batch_size", 1, 2**16)
+            max_length = metadata.get("max_length")
+            if isinstance(max_length, int) and max_length > self.max_length:
+                raise MaxLengthError(f"max_length {max_length} exceeds this server's limit of {self.max_length}")
+            max_length = _int(metadata, "max_length", 1, self.max_length)
+            timeout = metadata.get("timeout")
+            if isinstance(timeout, (int, float)) and math.isfinite(timeout):
+                timeout = min(max(float(timeout), 0.1), self.session_timeout)
+            else:
+                timeout = self.session_timeout
+            nbytes = b.cache_nbytes(end - start, batch_size, max_length)
+            self.budget.reserve(nbytes)  # raises AllocationError
+        except RemoteError as e:
+            await write_message(writer, error_metadata(e), response=True)
+            return None
+        session = Session(start, end, max_length, batch_size, timeout, nbytes)
+        try:
+            session.cache = b.new_cache(start, end, batch_size, max_length)
+        except BaseException:
+            self.budget.release(nbytes)
+            raise
+        self.on_change()
+        logger.info("opened session: blocks %d:%d, max_length %d, batch %d", start, end, max_length, batch_size)
+        return session
+
+    async def _serve(self, session: Session, reader, writer) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                metadata, tensors = await read_message(
+                    reader, session.step_bytes(self.blocks.hidden_size), timeout=session.timeout)
+            except asyncio.TimeoutError:
+                logger.info("session idle for more than %.1f s: closed", session.timeout)
+                await self._reply_error(writer, SessionTimeoutError(
+                    f"session closed after {session.timeout:.1f} s idle (session timeout)"))
+                return
+            except BadRequestError as e:  # too large, or a tensor that does not deserialize
+                await write_message(writer, error_metadata(e), response=True)
+                continue
+            if metadata.get("type") == "close":
+                return
+            try:
+                args = self._check_step(session, metadata, tensors)
+            except BadRequestError as e:
+                # The session is untouched: the client may fix its request and go on.
+                await write_message(writer, error_metadata(e), response=True)
+                continue
+            out = await loop.run_in_executor(self.executor, self.blocks.step, session.cache, session.start,
+                                             session.end, *args)
+            compression = metadata.get("compression") if metadata.get("compression") in _REPLY_COMPRESSIONS else 0
+            await write_message(writer, {"ok": True}, [out], compression=compression, response=True)
+
+    def _check_step(self, session: Session, metadata: dict, tensors: list[torch.Tensor]):
+        if metadata.get("type") != "step":
+            raise BadRequestError(f"unknown message type {metadata.get('type')!r}")
+        names = metadata.get("tensors")
+        if (not isinstance(names, list) or len(names) != len(tensors) or not names
+                or names[0] != "hidden_states" or len(set(names)) != len(names)
+                or any(n not in _TENSOR_NAMES for n in names)):
+            raise BadRequestError(f"a step carries hidden_states and optionally {_TENSOR_NAMES[1:]}, got {names!r}")
+        named = dict(zip(names, tensors))
+        cache = session.cache
+        hidden = named["hidden_states"]
+        start = _int(metadata, "start_position", 0, cache.length)
+        if hidden.dtype not in _FLOATS or hidden.ndim != 3 or hidden.shape[2] != self.blocks.hidden_size:
+            raise BadRequestError(f"hidden_states must be float [rows, n, {self.blocks.hidden_size}], got "
+                                  f"{hidden.dtype} {list(hidden.shape)}")
+        rows, n = hidden.shape[:2]
+        if not 1 <= rows <= session.batch_size or n < 1:
+            raise BadRequestError(f"a step has 1 to {session.batch_size} rows (the session's batch_size) and at "
+                                  f"least one token, got shape {list(hidden.shape)}")
+        if start + n > session.max_length:
+            raise MaxLengthError(f"step of {n} tokens at position {start} exceeds the session's max_length "
+                                 f"{session.max_length}")
+        hypo_ids = named.get("hypo_ids")
+        if hypo_ids is not None:
+            if (hypo_ids.dtype != torch.int64 or hypo_ids.shape != (rows,)
+                    or (start > 0 and (hypo_ids.min() < 0 or hypo_ids.max() >= cache.rows))):
+                raise BadRequestError(f"hypo_ids must be int64 [{rows}] with values in [0, {cache.rows})")
+        elif start > 0 and rows != cache.rows:
+            raise BadRequestError(f"step has {rows} rows but the cache has {cache.rows}; pass hypo_ids to select")
+        mask = named.get("attention_mask")
+        if mask is not None:
+            if mask.dtype not in (torch.bool, torch.int64, torch.int32, torch.uint8) or mask.shape != (rows, start + n):
+                raise BadRequestError(f"attention_mask must be integer or bool [{rows}, {start + n}], got "
+                                      f"{mask.dtype} {list(mask.shape)}")
+            if ((mask != 0) & (mask != 1)).any():
+                raise BadRequestError("attention_mask must hold only 0 and 1")
+        positions = named.get("position_ids")
+        if positions is not None:
+            if positions.dtype != torch.int64 or positions.shape != (rows, n) or positions.min() < 0 \
+                    or positions.max() >= 2**24:
+                raise BadRequestError(f"position_ids must be int64 [{rows}, {n}] of non-negative positions")
+        return hidden, start, hypo_ids, mask, positions
+
+    async def shutdown(self) -> None:
+        """Close every session (their clients get a ``shutdown`` error) and stop computing."""
+        self.closing = True
+        for task in list(self.tasks):
+            task.cancel()
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=5)
+        self.executor.shutdown(wait=True)
