@@ -20,6 +20,7 @@ KEYS = {
     "fork": {"tokens": {"continuous", "expected"}, "seconds": {"continuous", "outlines"}},
     "floor": {"ms_per_token": None, "floor_ms_per_token": None},
     "decode": {"ms_per_token": {"100", "1000"}},
+    "swarm": {"identical": None, "ms_per_token": {"local", "remote"}, "failover": {"identical", "recovery_s"}},
 }
 
 
@@ -58,3 +59,9 @@ def test_stateops_stay_within_their_bounds():
 def test_fork_forwards_the_prompt_once():
     result = run("fork")
     assert result["tokens"]["continuous"] <= result["tokens"]["expected"]
+
+
+def test_swarm_decodes_and_fails_over_identically():
+    result = run("swarm")
+    assert result["identical"] is True
+    assert result["failover"]["identical"] is True
