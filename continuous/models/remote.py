@@ -101,6 +101,11 @@ class RemoteCache:
     def rows(self) -> int:
         return len(self._rows) if self._rows is not None else self._handle.session.rows
 
+    @property
+    def session(self):
+        """The :class:`~continuous.remote.InferenceSession` holding this cache (``servers``, ``position``)."""
+        return self._handle.session
+
     def __repr__(self) -> str:
         return f"RemoteCache(length={self.length}, rows={self.rows})"
 
