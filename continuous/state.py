@@ -82,6 +82,9 @@ class SequenceState:
     def value(self) -> Any:
         """The typed result of the most recent generation call (``None`` before any).
 
+        A beam search row that was left with no allowed token (more beams than valid
+        continuations) has weight ``-inf`` and value ``None``.
+
         Raises
         ------
         ValueError
@@ -92,6 +95,9 @@ class SequenceState:
             return None
         parsed = []
         for r, text in enumerate(self._values):
+            if text is None:  # a beam search row left with no allowed token (weight -inf)
+                parsed.append(None)
+                continue
             try:
                 parsed.append(self._parse(text) if self._parse is not None else text)
             except Exception as exc:

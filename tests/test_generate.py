@@ -145,3 +145,17 @@ def test_weights_accumulate_across_generator_kinds(model):
     c = continuous(generate.format(model, int))(b + " n=", max_tokens=3)
     assert b.weights.item() < a.weights.item() <= 0
     assert c.weights.item() < b.weights.item()
+
+
+def test_beam_search_under_a_constraint_with_few_allowed_tokens(model):
+    """More beams than allowed tokens: the extra beams end with a -inf weight instead of crashing."""
+    gen = continuous(generate.json(model, Address, samplers.beam_search(4), whitespace_pattern=WS))
+    state = gen(["Where?", "Address:"], max_tokens=40)
+    for b in range(2):
+        for s in range(4):
+            value = state.value[b][s]
+            assert (value is None) == bool(torch.isinf(state.weights[b, s]))
+            assert value is None or isinstance(value, Address)
+    assert torch.isfinite(state.weights[:, 0]).all()
+    choice = continuous(generate.choice(model, ["yes", "no"], samplers.beam_search(3)))("Q?")
+    assert set(choice.value) <= {"yes", "no", None} and choice.value[0] in ("yes", "no")
