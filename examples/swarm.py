@@ -40,7 +40,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two turns, short answers")
     args = parser.parse_args()
-    turns, max_tokens = (TURNS[:2], 12) if args.quick else (TURNS, 24)
+    turns, max_tokens = (TURNS[:3], 12) if args.quick else (TURNS, 24)
     local = models.transformers(DEMO_MODEL, dtype=torch.float32)
     layers = local.model.config.num_hidden_layers
     first, second = f"0:{layers // 2}", f"{layers // 2}:{layers}"

@@ -1,0 +1,84 @@
+"""The examples, run as a user runs them (``python examples/X.py --quick``) on the shipped model.
+
+Each test checks what the example shows, not only that it exits: the turns of a chat
+forward less than their history, extracted records agree with their sentences, branches
+do not disturb each other, beams come best first.
+"""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def run(name: str) -> str:
+    done = subprocess.run([sys.executable, str(EXAMPLES / name), "--quick"], capture_output=True, text=True,
+                          timeout=180, cwd=EXAMPLES.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shipped_model():
+    from continuous.assets import DEMO_MODEL
+
+    if not (Path(DEMO_MODEL) / "model.safetensors").exists():
+        pytest.fail(f"the demo model is missing from {DEMO_MODEL}: run scripts/train_demo_model.py")
+
+
+def test_chat_turns_forward_only_their_new_tokens():
+    out = run("chat.py")
+    turns = [tuple(map(int, t)) for t in re.findall(r"\[turn (\d+): forwarded (\d+) tokens; history (\d+) tokens\]", out)]
+    assert [t[0] for t in turns] == [1, 2, 3]
+    histories = [t[2] for t in turns]
+    assert histories == sorted(histories)
+    for _, spent, history in turns[1:]:
+        # a later turn pays for its message and answer, not for the history before it
+        assert 0 < spent < history - turns[0][2] + 1
+    answers = re.findall(r"^Assistant:(.*)$", out, re.M)
+    assert len(answers) == 3
+    assert "Oslo" in answers[2]  # "Where do I live?" after "I live in Oslo"
+
+
+def test_extract_json_records_parse_and_agree_with_their_sentences():
+    out = run("extract_json.py")
+    records = [json.loads(line) for line in re.findall(r"-> Person (\{.*\})$", out, re.M)]
+    assert records == [
+        {"name": "Sven", "age": 41, "city": "Porto", "pet": "parrot"},
+        {"name": "Mei", "age": 27, "city": "Nairobi", "pet": "rabbit"},
+    ]
+
+
+def test_branching_keeps_branches_apart_and_ranks_by_weight():
+    out = run("branching.py")
+    answers = dict(re.findall(r"branch (\w+): '(.*)'$", out, re.M))
+    assert answers == {"dog": "Your dog is called Max.", "turtle": "Your turtle is called Kiwi."}
+    assert "the base, continued after both: 'You live in Cairo.'" in out
+    for spent, history, base in re.findall(r"forwarded (\d+) tokens for a history of (\d+); the base's (\d+)", out):
+        # a branch never pays for the base again (its last token, cut by stop_at, excepted)
+        assert int(spent) <= int(history) - int(base) + 1
+    weights = [float(w) for w in re.findall(r"#\d weight +(-?[\d.]+)", out)]
+    assert len(weights) == 2 and weights == sorted(weights, reverse=True)
+    kept, total = map(int, re.search(r"kept (\d+) cached tokens of (\d+)", out).groups())
+    assert 0 < kept < total
+
+
+def test_beam_search_keeps_beams_best_first():
+    out = run("beam_search.py")
+    beams = [float(w) for w in re.findall(r"beam \d +weight +(-?[\d.]+)", out)]
+    greedy = float(re.search(r"greedy +weight +(-?[\d.]+)", out).group(1))
+    assert len(beams) == 2 and beams == sorted(beams, reverse=True)
+    assert beams[0] >= greedy - 1e-3
+
+
+def test_swarm_conversation_matches_local_and_survives_a_crash():
+    out = run("swarm.py")
+    assert "same text on the swarm and locally: True" in out
+    spent = re.search(r"tokens forwarded per turn: swarm (\[.*\]), local (\[.*\])", out)
+    assert spent and spent.group(1) == spent.group(2)
+    assert "killed the server" in out
