@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["Stats", "Model", "causal_mask", "position_ids"]
+__all__ = ["Stats", "Model", "check_layout", "causal_mask", "position_ids"]
 
 
 @dataclass
@@ -40,6 +40,13 @@ class Stats:
         for f in fields(self):
             setattr(self, f.name, 0)
 
+    def record(self, attention_mask: torch.Tensor, start: int) -> None:
+        """Count one forward pass over the slots of ``attention_mask`` from ``start`` on."""
+        new = attention_mask[:, start:]
+        self.forward_calls += 1
+        self.tokens_forwarded += int(new.sum())
+        self.positions_forwarded += new.numel()
+
     def snapshot(self) -> dict:
         """The counters as a dict, to compare before and after an operation."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -61,6 +68,14 @@ class Model(Protocol):
         ``[rows, cache_length + n]`` over the whole layout (0 marks padding and holes).
         """
         ...
+
+
+def check_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int) -> None:
+    """The mask must cover the ``start`` cached slots and the new ones, row for row."""
+    rows, n = input_ids.shape
+    if attention_mask.shape != (rows, start + n):
+        raise ValueError(f"attention mask {tuple(attention_mask.shape)} does not cover the cache "
+                         f"({start}) and the {n} new slots of {rows} rows")
 
 
 def position_ids(attention_mask: torch.Tensor, start: int) -> torch.Tensor:

@@ -22,7 +22,7 @@ import weakref
 
 import torch
 
-from .base import Stats, position_ids
+from .base import Stats, check_layout, position_ids
 
 __all__ = ["Remote", "RemoteCache", "remote"]
 
@@ -148,9 +148,7 @@ class Remote:
         """Forward the slots the cache does not cover; see :class:`~continuous.models.base.Model`."""
         rows, n = input_ids.shape
         start = cache.length if cache is not None else 0
-        if attention_mask.shape != (rows, start + n):
-            raise ValueError(f"attention mask {tuple(attention_mask.shape)} does not cover the cache "
-                             f"({start}) and the {n} new slots")
+        check_layout(input_ids, attention_mask, start)
         if rows > self.max_batch:
             raise ValueError(f"{rows} rows exceed this model's max_batch of {self.max_batch}: "
                              "build it with models.remote(..., max_batch=...)")
@@ -168,9 +166,7 @@ class Remote:
         if hypo_ids is not None:
             handle.epoch += 1
         chunk = handle.write(start, n)
-        self.stats.forward_calls += 1
-        self.stats.tokens_forwarded += int(attention_mask[:, start:].sum())
-        self.stats.positions_forwarded += rows * n
+        self.stats.record(attention_mask, start)
         return logits.float(), RemoteCache(handle, chunk, start + n, handle.epoch)
 
 

@@ -8,7 +8,7 @@ import weakref
 import torch
 
 from ..kv import ForwardCache, KVCache
-from .base import Stats, causal_mask, position_ids
+from .base import Stats, causal_mask, check_layout, position_ids
 
 __all__ = ["Transformers", "transformers"]
 
@@ -43,9 +43,7 @@ class Transformers:
         """Forward the slots the cache does not cover; see :class:`~continuous.models.base.Model`."""
         rows, n = input_ids.shape
         start = cache.length if cache is not None else 0
-        if attention_mask.shape != (rows, start + n):
-            raise ValueError(f"attention mask {tuple(attention_mask.shape)} does not cover the cache "
-                             f"({start}) and the {n} new slots")
+        check_layout(input_ids, attention_mask, start)
         dtype = self.model.get_output_embeddings().weight.dtype
         fc = ForwardCache(cache, rows, n)
         with torch.no_grad():
@@ -57,11 +55,8 @@ class Transformers:
                 use_cache=True,
                 logits_to_keep=logits_to_keep,
             )
-        new_cache = fc.result()
-        self.stats.forward_calls += 1
-        self.stats.tokens_forwarded += int(attention_mask[:, start:].sum())
-        self.stats.positions_forwarded += rows * n
-        return out.logits.float().cpu(), new_cache
+        self.stats.record(attention_mask, start)
+        return out.logits.float().cpu(), fc.result()
 
 
 def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None) -> Transformers:
