@@ -47,7 +47,6 @@ def reference_model(size: str):
 
     from continuous.testing import build_model_dir
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     path = build_model_dir(MODELS / size, size=size, seed=0)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(path), path

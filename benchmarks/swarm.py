@@ -12,7 +12,6 @@ import torch
 
 from common import emit, median, random_text, setup, timed
 from continuous import continuous, generate, models
-from continuous.remote import DistributedModelForCausalLM
 from continuous.remote.launch import Swarm
 
 

@@ -31,9 +31,6 @@ class _Buffer:
         self.capacity = capacity
         self.filled = 0
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
-
 
 def _capacity_for(needed: int) -> int:
     capacity = _MIN_CAPACITY
@@ -92,10 +89,6 @@ class KVCache:
                 new.values.append(nv)
         new.filled = self.length
         return KVCache(new, self.length)
-
-    def nbytes(self) -> int:
-        """Bytes of the buffer behind this view (shared with other views)."""
-        return self._buffer.nbytes()
 
 
 class ForwardCache(Cache):

@@ -2,7 +2,7 @@
 
 import torch
 
-from continuous.decoding import next_logits
+from continuous.decoding import top_up
 
 
 def greedy_tokens(gen, state, n=6):
@@ -14,8 +14,8 @@ def greedy_tokens(gen, state, n=6):
 def assert_equivalent(gen, state, n=6):
     """Continuing a state equals continuing it after drop_cache (tokens and next logits)."""
     fresh = state.drop_cache()
-    _, logits = next_logits(state.model, state._rows)
-    _, ref = next_logits(state.model, fresh._rows)
+    logits = top_up(state.model, state._rows).logits
+    ref = top_up(state.model, fresh._rows).logits
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
     assert greedy_tokens(gen, state, n) == greedy_tokens(gen, fresh, n)
     assert list(gen(state, max_tokens=n)) == list(gen(fresh, max_tokens=n))
