@@ -157,3 +157,139 @@ def build_model_dir(path: str | Path, size: str = "tiny", seed: int = 0, **overr
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return path
+
+
+# --------------------------------------------------------------------- real tokenizers
+#: llama.cpp's vocab-only test files that transformers converts (``gguf_file=``).
+GGUF_VOCABS = ("llama-bpe", "llama-spm", "qwen2", "gpt-2", "phi-3", "falcon")
+_SDIST = "llama-cpp-python==0.3.36"  # pinned: its vendor/llama.cpp/models holds the files
+
+
+def cache_dir() -> Path:
+    """Where converted tokenizers are kept (``$CONTINUOUS_CACHE``, else ``~/.cache/continuous``)."""
+    import os
+
+    return Path(os.environ.get("CONTINUOUS_CACHE") or Path.home() / ".cache" / "continuous")
+
+
+def _gguf_file(name: str) -> Path:
+    """Extract ``ggml-vocab-NAME.gguf`` from llama-cpp-python's sdist (downloaded once, pinned)."""
+    import subprocess
+    import sys
+    import tarfile
+
+    out = cache_dir() / "gguf" / f"ggml-vocab-{name}.gguf"
+    if out.exists():
+        return out
+    sdists = cache_dir() / "sdist"
+    found = sorted(sdists.glob("llama_cpp_python-*.tar.gz"))
+    if not found:
+        sdists.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                        "-d", str(sdists), _SDIST], check=True)
+        found = sorted(sdists.glob("llama_cpp_python-*.tar.gz"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(found[-1]) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(f"/models/ggml-vocab-{name}.gguf"))
+        with tar.extractfile(member) as src:
+            tmp = out.with_suffix(".part")
+            tmp.write_bytes(src.read())
+            tmp.replace(out)
+    return out
+
+
+def real_tokenizer(name: str):
+    """A real model family's tokenizer, offline: llama.cpp's vocab-only GGUF files, converted once.
+
+    Parameters
+    ----------
+    name
+        One of :data:`GGUF_VOCABS`: ``llama-bpe`` (Llama 3, 128k BPE, no BOS added),
+        ``llama-spm`` (Llama 2 SentencePiece with byte fallback), ``qwen2`` (with a chat
+        template), ``gpt-2``, ``phi-3`` (SentencePiece, with a chat template), ``falcon``.
+
+    Returns
+    -------
+    transformers.PreTrainedTokenizerFast
+        Loaded from the converted copy under :func:`cache_dir` (the first call downloads
+        llama-cpp-python's pinned sdist with pip and converts, which takes seconds).
+    """
+    from transformers import AutoTokenizer
+
+    if name not in GGUF_VOCABS:
+        raise ValueError(f"unknown vocabulary {name!r}; choose one of {GGUF_VOCABS}")
+    saved = cache_dir() / "tokenizers" / name
+    if not (saved / "tokenizer.json").exists():
+        gguf = _gguf_file(name)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tmp = saved.with_name(name + ".part")
+        tok.save_pretrained(tmp)
+        if saved.exists():
+            import shutil
+
+            shutil.rmtree(saved)
+        tmp.rename(saved)
+    return AutoTokenizer.from_pretrained(saved)
+
+
+#: Tiny random-weight models of real architectures, each with a real tokenizer. Sliding
+#: windows are shorter than the contexts tests use, so they matter.
+ARCHITECTURES = {
+    "llama": ("llama-bpe", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                num_key_value_heads=2, intermediate_size=128)),
+    "qwen2": ("qwen2", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, intermediate_size=128)),
+    "mistral": ("llama-spm", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, intermediate_size=128, sliding_window=12)),
+    "gemma2": ("llama-spm", dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                                 num_key_value_heads=2, intermediate_size=128, head_dim=16,
+                                 sliding_window=12)),
+    "phi3": ("phi-3", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=128, sliding_window=12,
+                           pad_token_id=None)),
+    "gpt2": ("gpt-2", dict(n_embd=64, n_layer=2, n_head=4)),
+    "opt": ("gpt-2", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
+                          word_embed_proj_dim=64)),
+    "gpt_neox": ("gpt-2", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                               intermediate_size=128)),
+    "falcon": ("falcon", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              new_decoder_architecture=False, multi_query=True)),
+}
+
+
+def build_arch(arch: str, seed: int = 0, max_position_embeddings: int = 512, **overrides):
+    """A tiny random-weight causal LM of a real architecture, with its family's real tokenizer.
+
+    Parameters
+    ----------
+    arch
+        A key of :data:`ARCHITECTURES` (``llama``, ``qwen2``, ``mistral``, ``gemma2``,
+        ``phi3``, ``gpt2``, ``opt``, ``gpt_neox``, ``falcon``).
+    seed
+        Seed of the weights.
+    max_position_embeddings
+        The context length.
+    **overrides
+        Any other config field.
+
+    Returns
+    -------
+    (model, tokenizer)
+        The model in fp32 and eval mode; its LM head is scaled so that greedy choices are
+        well separated (float noise cannot flip them).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    vocab, params = ARCHITECTURES[arch]
+    tokenizer = real_tokenizer(vocab)
+    params = {**params, **overrides}
+    length_key = "n_positions" if arch == "gpt2" else "max_position_embeddings"
+    config = AutoConfig.for_model(
+        arch, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
+        **{length_key: max_position_embeddings}, **params)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    return model.eval(), tokenizer
