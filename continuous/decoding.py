@@ -4,6 +4,10 @@ It works on :class:`~continuous.layout.Rows` and knows nothing of SequenceState.
 call generates for every row at once: rows that finish early become holes in the
 following columns, and their logits are kept so that a later call continues them
 without recomputing anything.
+
+Logits, masks, weights, sampling and the attention mask stay on the model's device; the
+only thing that reaches the host at each step is what the Python loop needs to know:
+the chosen ids (and, for beams, which rows they extend).
 """
 
 from __future__ import annotations
@@ -13,9 +17,9 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .guides import RowGuides
-from .layout import Detokenizer, Rows
-from .samplers import BeamSearch, Sampler
+from .guides import RowMasks
+from .layout import Detokenizer, Rows, interior_holes
+from .samplers import Sampler
 
 __all__ = ["Generation", "top_up", "decode"]
 
@@ -31,10 +35,11 @@ class Generation:
 
 
 def _check_context(model, rows: Rows, extra: int = 0) -> None:
-    longest = int(rows.attention_mask.sum(1).max()) if rows.n_rows else 0
-    if longest == 0:
-        raise ValueError("cannot generate from an empty sequence: the tokenizer adds no BOS token "
-                         "and the text is empty")
+    lengths = rows.attention_mask.sum(1).tolist()
+    longest = max(lengths, default=0)
+    if 0 in lengths:
+        raise ValueError(f"cannot generate from an empty sequence (row {lengths.index(0)}): the tokenizer "
+                         "adds no BOS token and the text is empty")
     if longest + extra > model.max_length:
         raise ValueError(f"the sequence has {longest} tokens and the model's context is "
                          f"{model.max_length} tokens: nothing was computed")
@@ -45,9 +50,11 @@ def top_up(model, rows: Rows) -> Rows:
 
     Afterwards every row has valid logits after its last real token. A row whose last
     token is cached but whose logits were lost (a slice cut it there) has that one
-    token moved past the cache and recomputed.
+    token moved past the cache and recomputed. Holes in the cached slots are squeezed
+    out first when they waste much room (see :meth:`Rows.compact`).
     """
     _check_context(model, rows)
+    rows = rows.compact()
     mask = rows.attention_mask
     start = rows.cache_length
     uncached = mask[:, start:].sum(1)
@@ -70,10 +77,12 @@ def top_up(model, rows: Rows) -> Rows:
     # Last real slot of each row in the chunk; logits_to_keep covers the earliest of them.
     last = length - 1 - chunk.flip(1).argmax(1)
     keep = int(length - last[has_new].min())
-    logits, cache = model.forward(rows.token_ids[:, start:], mask, rows.cache, logits_to_keep=keep)
-    picked = logits[torch.arange(rows.n_rows), (last - (length - keep)).clamp(min=0)]
+    logits, cache = model.forward(rows.token_ids[:, start:], None if bool(mask.all()) else mask, rows.cache,
+                                  logits_to_keep=keep, n_real=int(chunk.sum()), holes=interior_holes(mask))
+    at = (last - (length - keep)).clamp(min=0).to(logits.device)
+    picked = logits[torch.arange(rows.n_rows, device=logits.device), at]
     if rows.logits is not None:
-        picked = torch.where(has_new[:, None], picked, rows.logits)
+        picked = torch.where(has_new.to(logits.device)[:, None], picked, rows.logits)
     return replace(rows, cache=cache, logits=picked, logits_ok=(True,) * rows.n_rows)
 
 
@@ -135,7 +144,7 @@ class _Row:
         return self.text[: self.stop[0]] if self.stop else self.text
 
 
-def decode(model, rows: Rows, weights: torch.Tensor, index, sampler: Sampler, *, fork: int = 1,
+def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sampler, *, fork: int = 1,
            max_tokens: int | None = None, stop_at: Sequence[str] = (), rng=None,
            ) -> Iterator[list[str | None]]:
     """Generate for every row; yields each step's text pieces, returns a :class:`Generation`.
@@ -146,8 +155,8 @@ def decode(model, rows: Rows, weights: torch.Tensor, index, sampler: Sampler, *,
         The backend.
     rows, weights
         The sequences to continue and their cumulative log-probabilities ``[rows]``.
-    index
-        The outlines_core ``Index`` constraining the new text, or ``None``.
+    constraint
+        The :class:`~continuous.engines.Constraint` of the new text, or ``None``.
     sampler
         Chooses tokens; beam search ranks the rows of each prompt together.
     fork
@@ -172,83 +181,98 @@ def decode(model, rows: Rows, weights: torch.Tensor, index, sampler: Sampler, *,
         rows = rows.select([r for r in range(rows.n_rows) for _ in range(fork)])
         weights = weights.repeat_interleave(fork)
     n = rows.n_rows
-    guides = RowGuides(index, n, model.vocab_size, len(tokenizer), eos)
+    logits = rows.logits
+    device = logits.device
+    weights = weights.to(device=device, dtype=torch.float32)
+    masks = RowMasks(constraint, n, model.vocab_size, len(tokenizer), device)
     state = [_Row(r, Detokenizer(tokenizer, rows.real_ids(r))) for r in range(n)]
-    allowed = guides.allowed(list(range(n)))
     for r in range(n):
-        state[r].finished = _only_eos(allowed[r], eos)
+        state[r].finished = masks.done(r)
     room = model.max_length - int(rows.attention_mask.sum(1).max())
     steps = room if max_tokens is None else min(max_tokens, room)
-    token_ids, mask, cache, logits = rows.token_ids, rows.attention_mask, rows.cache, rows.logits
+    cache = rows.cache
+    token_ids, host_mask = rows.token_ids, rows.attention_mask  # host copies, reordered with the rows
+    columns: list[list[int]] = []  # generated ids per step (pad for holes), host
+    reals: list[list[bool]] = []  # per step, which rows got a real token
+    mask = host_mask.to(device)  # the device copy the forwards read
+    all_real = bool(host_mask.all())  # no padding and no hole yet: forwards need no mask
+    holes = interior_holes(host_mask)
     logits_ok = [True] * n
     stop_at = [s for s in stop_at if s]
     longest_stop = max((len(s) for s in stop_at), default=0)
-    beam_fork = isinstance(sampler, BeamSearch) and fork > 1
     sentinel = eos if eos is not None else 0
+    identity = list(range(n))
 
     for step in range(steps):
         if all(row.finished for row in state):
             break
-        masked = logits.masked_fill(~allowed, -torch.inf)
-        done = torch.tensor([row.finished for row in state])
-        if done.any():
+        allowed = masks.allowed([r for r in range(n) if not state[r].finished])
+        masked = logits if allowed is None else logits.masked_fill(~allowed, -torch.inf)
+        finished = [row.finished for row in state]
+        if any(finished):
             # A finished row may only "emit" EOS at no cost: its weight stays, and beam
             # search can keep it among the best rows.
-            masked[done] = -torch.inf
-            masked[done, sentinel] = 0.0
+            done = torch.tensor(finished, device=device)[:, None]
+            free = torch.zeros_like(masked[:1]).index_fill_(1, torch.tensor([sentinel], device=device), 1)
+            masked = torch.where(done, torch.where(free.bool(), 0.0, -torch.inf), masked)
         rank = weights
-        if beam_fork and step == 0:
-            # Forked beams are identical: rank only the first so they pick distinct tokens.
+        if sampler.joint and fork > 1 and step == 0:
+            # Forked rows are identical: rank only the first so they pick distinct tokens.
             rank = weights.clone().view(-1, fork)
             rank[:, 1:] = -torch.inf
             rank = rank.view(-1)
         ids, ancestors, weights = sampler(masked, rank, rng)
-        if not torch.equal(ancestors, torch.arange(n)):
-            token_ids, mask = token_ids[ancestors], mask[ancestors]
-            logits, allowed = logits[ancestors], allowed[ancestors]
+        # The one transfer of the step: ids, ancestors and which rows are left with no allowed token.
+        ids_h, anc_h, dead = torch.stack([ids, ancestors, (~torch.isfinite(weights)).long()]).tolist()
+        if anc_h != identity:
+            logits, mask = logits[ancestors], mask[ancestors]
+            token_ids, host_mask = token_ids[anc_h], host_mask[anc_h]
+            columns = [[col[a] for a in anc_h] for col in columns]
+            reals = [[col[a] for a in anc_h] for col in reals]
             cache = cache.select_rows(ancestors) if cache is not None else None
-            order = ancestors.tolist()
-            guides.select(order)
-            state = [state[a].copy() for a in order]
-            logits_ok = [logits_ok[a] for a in order]
+            masks.select(anc_h)
+            state = [state[a].copy() for a in anc_h]
+            logits_ok = [logits_ok[a] for a in anc_h]
         column, pieces = [], []
         # Beam search may have to keep more rows than there are allowed tokens: the
         # extra rows get a -inf weight and a token the constraint forbids; they end here.
-        dead = (~torch.isfinite(weights)).tolist()
-        for r, t in enumerate(ids.tolist()):
+        for r, t in enumerate(ids_h):
             row = state[r]
             if row.finished or t == eos or dead[r]:
-                row.dead = row.dead or (dead[r] and not row.finished)
+                row.dead = row.dead or (bool(dead[r]) and not row.finished)
                 row.finished = True
                 column.append(None)
                 pieces.append(None)
                 continue
             column.append(t)
-            guides.advance(r, t)
+            masks.advance(r, t)
             pieces.append(row.add(t, stop_at, longest_stop))
-        active = [r for r in range(n) if not state[r].finished]
-        if active:
-            allowed = allowed.clone()
-            allowed[active] = guides.allowed(active)
-            for r in active:
-                state[r].finished = _only_eos(allowed[r], eos)
+            if masks.done(r):
+                row.finished = True
         yield pieces
-        real = torch.tensor([t is not None for t in column])
-        col_ids = torch.tensor([rows.pad if t is None else t for t in column], dtype=torch.long)[:, None]
-        token_ids = torch.cat([token_ids, col_ids], 1)
-        mask = torch.cat([mask, real.long()[:, None]], 1)
+        real = [t is not None for t in column]
+        columns.append([rows.pad if t is None else t for t in column])
+        reals.append(real)
+        real_dev = torch.tensor(real, device=device)
+        mask = torch.cat([mask, real_dev.long()[:, None]], 1)
+        all_real = all_real and all(real)
         if all(row.finished for row in state) or step == steps - 1:
             logits_ok = [ok and not real[r] for r, ok in enumerate(logits_ok)]
             break
-        new_logits, cache = model.forward(col_ids, mask, cache, logits_to_keep=1)
-        logits = torch.where(real[:, None], new_logits[:, -1], logits)
+        col_ids = torch.where(real_dev, ids, rows.pad)[:, None]
+        new_logits, cache = model.forward(col_ids, None if all_real else mask, cache, logits_to_keep=1,
+                                          n_real=sum(real), holes=holes)
+        logits = torch.where(real_dev[:, None], new_logits[:, -1], logits)
 
     for row in state:
         row.flush()
+    if columns:
+        token_ids = torch.cat([token_ids, torch.tensor(columns, dtype=torch.long).T], 1)
+        host_mask = torch.cat([host_mask, torch.tensor(reals, dtype=torch.long).T], 1)
     texts = [rows.texts[row.origin] + row.text for row in state]
     ends = [rows.ends[row.origin] + tuple(len(rows.texts[row.origin]) + e for e in row.ends)
             for row in state]
-    out = Rows(token_ids, mask, cache, tuple(texts), tuple(ends), logits, tuple(logits_ok), rows.pad)
+    out = Rows(token_ids, host_mask, cache, tuple(texts), tuple(ends), logits, tuple(logits_ok), rows.pad)
     # Trim columns no row uses, and cut rows whose last token ran past a stop string.
     cuts = [len(rows.texts[row.origin]) + row.stop[1] if row.stop else len(texts[r])
             for r, row in enumerate(state)]
@@ -256,8 +280,4 @@ def decode(model, rows: Rows, weights: torch.Tensor, index, sampler: Sampler, *,
         out = out.with_text(tokenizer, cuts, [""] * n)
     else:
         out = out.edit([(len(e), [], [], t) for e, t in zip(ends, texts)])
-    return Generation(out, weights, [row.value_text for row in state])
-
-
-def _only_eos(allowed_row: torch.Tensor, eos: int | None) -> bool:
-    return eos is not None and bool(allowed_row[eos]) and int(allowed_row.sum()) == 1
+    return Generation(out, weights.cpu(), [row.value_text for row in state])

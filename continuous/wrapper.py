@@ -9,6 +9,7 @@ import torch
 from .decoding import Generation, decode
 from .errors import SampleMismatch
 from .generate.base import SequenceGenerator
+from .guides import IndexConstraint
 from .layout import Rows
 from .samplers import Greedy
 from .state import SequenceState, shape_rows
@@ -109,7 +110,9 @@ class ContinuousGenerator:
         stop_at = _check_stop_at(stop_at)
         rng = _check_rng(seed, rng)
         fork = samples if samples_in == 1 else 1
-        steps = decode(model, rows, weights.reshape(-1), self.generator.index, sampler, fork=fork,
+        index = self.generator.index
+        constraint = IndexConstraint(index, model.tokenizer.eos_token_id) if index is not None else None
+        steps = decode(model, rows, weights.reshape(-1), constraint, sampler, fork=fork,
                        max_tokens=max_tokens, stop_at=stop_at, rng=rng)
         # Arguments are checked above, when stream() is called; the steps run when iterated.
         return self._run(steps, batch_size, samples)
