@@ -145,7 +145,7 @@ class _Row:
 
 
 def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sampler, *, fork: int = 1,
-           max_tokens: int | None = None, stop_at: Sequence[str] = (), rng=None,
+           max_tokens: int | None = None, stop_at: Sequence[str] = (), rng=None, fast_forward: bool = True,
            ) -> Iterator[list[str | None]]:
     """Generate for every row; yields each step's text pieces, returns a :class:`Generation`.
 
@@ -167,6 +167,8 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
         Strings that end a row once generated (kept in the text, not in the value).
     rng
         ``torch.Generator`` of the sampler.
+    fast_forward
+        Forward the tokens a constraint forces together with the sampled one, in one call.
 
     Yields
     ------
@@ -203,9 +205,12 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
     sentinel = eos if eos is not None else 0
     identity = list(range(n))
 
-    for step in range(steps):
-        if all(row.finished for row in state):
-            break
+    generated = [0] * n  # tokens each row generated in this call
+    if steps <= 0:
+        for row in state:
+            row.finished = True
+    step = 0
+    while not all(row.finished for row in state):
         allowed = masks.allowed([r for r in range(n) if not state[r].finished])
         masked = logits if allowed is None else logits.masked_fill(~allowed, -torch.inf)
         finished = [row.finished for row in state]
@@ -222,6 +227,7 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
             rank[:, 1:] = -torch.inf
             rank = rank.view(-1)
         ids, ancestors, weights = sampler(masked, rank, rng)
+        step += 1
         # The one transfer of the step: ids, ancestors and which rows are left with no allowed token.
         ids_h, anc_h, dead = torch.stack([ids, ancestors, (~torch.isfinite(weights)).long()]).tolist()
         if anc_h != identity:
@@ -233,7 +239,8 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
             masks.select(anc_h)
             state = [state[a].copy() for a in anc_h]
             logits_ok = [logits_ok[a] for a in anc_h]
-        column, pieces = [], []
+            generated = [generated[a] for a in anc_h]
+        chunks, pieces = [], []
         # Beam search may have to keep more rows than there are allowed tokens: the
         # extra rows get a -inf weight and a token the constraint forbids; they end here.
         for r, t in enumerate(ids_h):
@@ -241,28 +248,41 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
             if row.finished or t == eos or dead[r]:
                 row.dead = row.dead or (bool(dead[r]) and not row.finished)
                 row.finished = True
-                column.append(None)
+                chunks.append([])
                 pieces.append(None)
                 continue
-            column.append(t)
-            masks.advance(r, t)
-            pieces.append(row.add(t, stop_at, longest_stop))
-            if masks.done(r):
-                row.finished = True
+            chunk, piece = [t], ""
+            while True:  # the sampled token, then any the constraint forces (fast-forward)
+                masks.advance(r, chunk[-1])
+                piece += row.add(chunk[-1], stop_at, longest_stop)
+                generated[r] += 1
+                if masks.done(r) or generated[r] >= steps:
+                    row.finished = True
+                if row.finished or not fast_forward:
+                    break
+                forced = masks.forced(r)
+                if not forced:
+                    break
+                chunk.append(forced[0])
+            chunks.append(chunk)
+            pieces.append(piece)
         yield pieces
-        real = [t is not None for t in column]
-        columns.append([rows.pad if t is None else t for t in column])
-        reals.append(real)
+        # Right-aligned: every row's newest token sits in the last slot, where the logits are read.
+        width = max(len(c) for c in chunks)
+        real = [[j >= width - len(c) for j in range(width)] for c in chunks]
+        new_ids = [[c[j - width + len(c)] if ok[j] else rows.pad for j in range(width)] for c, ok in zip(chunks, real)]
+        columns.extend(map(list, zip(*new_ids)))
+        reals.extend(map(list, zip(*real)))
         real_dev = torch.tensor(real, device=device)
-        mask = torch.cat([mask, real_dev.long()[:, None]], 1)
-        all_real = all_real and all(real)
-        if all(row.finished for row in state) or step == steps - 1:
-            logits_ok = [ok and not real[r] for r, ok in enumerate(logits_ok)]
+        mask = torch.cat([mask, real_dev.long()], 1)
+        all_real = all_real and all(map(all, real))
+        holes = holes or any(0 < len(c) < width for c in chunks)
+        if all(row.finished for row in state):
+            logits_ok = [ok and not c for ok, c in zip(logits_ok, chunks)]
             break
-        col_ids = torch.where(real_dev, ids, rows.pad)[:, None]
-        new_logits, cache = model.forward(col_ids, None if all_real else mask, cache, logits_to_keep=1,
-                                          n_real=sum(real), holes=holes)
-        logits = torch.where(real_dev[:, None], new_logits[:, -1], logits)
+        new_logits, cache = model.forward(torch.tensor(new_ids, device=device), None if all_real else mask, cache,
+                                          logits_to_keep=1, n_real=sum(map(len, chunks)), holes=holes)
+        logits = torch.where(real_dev[:, -1:], new_logits[:, -1], logits)
 
     for row in state:
         row.flush()

@@ -75,10 +75,10 @@ def build_index(regex: str, tokenizer) -> Index:
 class _GuideMatcher:
     """A :class:`~continuous.engines.Matcher` on an outlines_core ``Guide``."""
 
-    __slots__ = ("guide", "eos")
+    __slots__ = ("guide", "index", "eos")
 
-    def __init__(self, guide: Guide, eos: int):
-        self.guide, self.eos = guide, eos
+    def __init__(self, guide: Guide, index: Index, eos: int):
+        self.guide, self.index, self.eos = guide, index, eos
 
     def fill(self, bitmask: torch.Tensor) -> None:
         self.guide.write_mask_into(bitmask.data_ptr(), bitmask.numel(), bitmask.element_size())
@@ -90,7 +90,15 @@ class _GuideMatcher:
         self.guide.rollback_state(n)
 
     def forced(self) -> list[int]:
-        return []
+        # Follow the states that allow exactly one token (EOS aside: it is never forced).
+        tokens, state = [], self.guide.get_state()
+        while len(tokens) < 64:
+            allowed = self.index.get_allowed_tokens(state)
+            if len(allowed) != 1 or allowed[0] == self.eos:
+                break
+            tokens.append(allowed[0])
+            state = self.index.get_next_state(state, allowed[0])
+        return tokens
 
     def accepting(self) -> bool:
         return self.guide.is_finished()
@@ -99,7 +107,7 @@ class _GuideMatcher:
         return self.guide.get_tokens() == [self.eos]
 
     def copy(self) -> "_GuideMatcher":
-        return _GuideMatcher(copy.copy(self.guide), self.eos)
+        return _GuideMatcher(copy.copy(self.guide), self.index, self.eos)
 
 
 class IndexConstraint:
@@ -111,7 +119,7 @@ class IndexConstraint:
         self.index, self.eos = index, eos_token_id
 
     def matcher(self) -> _GuideMatcher:
-        return _GuideMatcher(Guide(self.index), self.eos)
+        return _GuideMatcher(Guide(self.index), self.index, self.eos)
 
 
 class RowMasks:
@@ -163,6 +171,10 @@ class RowMasks:
         """Move a row's matcher past a token it emitted."""
         if self.matchers is not None:
             self.matchers[row].advance(token_id)
+
+    def forced(self, row: int) -> list[int]:
+        """The tokens a row's constraint forces next (empty when it has a choice)."""
+        return self.matchers[row].forced() if self.matchers is not None else []
 
     def done(self, row: int) -> bool:
         """Whether nothing but EOS may follow in this row."""

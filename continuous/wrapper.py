@@ -17,7 +17,7 @@ from .state import SequenceState, shape_rows
 __all__ = ["ContinuousGenerator", "continuous"]
 
 
-def continuous(generator) -> "ContinuousGenerator":
+def continuous(generator, *, fast_forward: bool = True) -> "ContinuousGenerator":
     """Wrap a generator so that it takes and returns :class:`~continuous.state.SequenceState`.
 
     Parameters
@@ -26,8 +26,12 @@ def continuous(generator) -> "ContinuousGenerator":
         A generator from ``continuous.generate``, or an outlines 1.x ``outlines.Generator``
         built on ``outlines.from_transformers(...)`` (its ``Index`` is reused; ``value``
         is then the generated string).
+    fast_forward
+        Where the constraint allows exactly one continuation, forward those tokens with
+        the sampled one in a single call (the text and tokens are the same as one by one;
+        ``model.stats.forward_calls`` shows the saving).
     """
-    return ContinuousGenerator(generator)
+    return ContinuousGenerator(generator, fast_forward=fast_forward)
 
 
 def _from_outlines(generator) -> SequenceGenerator:
@@ -52,8 +56,9 @@ def _from_outlines(generator) -> SequenceGenerator:
 class ContinuousGenerator:
     """A generator that returns SequenceStates. Build it with :func:`continuous`."""
 
-    def __init__(self, generator):
+    def __init__(self, generator, fast_forward: bool = True):
         self.generator = generator if isinstance(generator, SequenceGenerator) else _from_outlines(generator)
+        self.fast_forward = fast_forward
 
     @property
     def model(self):
@@ -113,7 +118,7 @@ class ContinuousGenerator:
         index = self.generator.index
         constraint = IndexConstraint(index, model.tokenizer.eos_token_id) if index is not None else None
         steps = decode(model, rows, weights.reshape(-1), constraint, sampler, fork=fork,
-                       max_tokens=max_tokens, stop_at=stop_at, rng=rng)
+                       max_tokens=max_tokens, stop_at=stop_at, rng=rng, fast_forward=self.fast_forward)
         # Arguments are checked above, when stream() is called; the steps run when iterated.
         return self._run(steps, batch_size, samples)
 

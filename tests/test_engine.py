@@ -77,3 +77,24 @@ def test_interior_holes():
     assert not interior_holes(torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]]))
     assert interior_holes(torch.tensor([[0, 1, 0, 1], [1, 1, 1, 1]]))
     assert not interior_holes(torch.tensor([[1, 1, 0, 0]]))  # trailing holes: nothing after them
+
+
+def test_fast_forward_gives_the_same_tokens_in_fewer_forward_calls(model):
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5},
+                                               "city": {"enum": ["Paris", "Lima"]}}, "required": ["name", "city"]}
+    prompts = ["User: Tell me about Omar.\nAssistant:", "Hi"]
+    runs = {}
+    for ff in (True, False):
+        gen = continuous(generate.json(model, schema), fast_forward=ff)
+        before = model.stats.forward_calls
+        state = gen(prompts, max_tokens=40)
+        runs[ff] = (state, model.stats.forward_calls - before)
+    (fast, fast_calls), (slow, slow_calls) = runs[True], runs[False]
+    assert fast_calls < slow_calls
+    assert list(fast) == list(slow) and fast.value == slow.value
+    for r in range(2):
+        assert real_ids(fast, r) == real_ids(slow, r)
+    assert torch.allclose(fast.weights, slow.weights)
+    # The forced tokens' cache is as good as one computed token by token.
+    text = continuous(generate.text(model))
+    assert list(text(fast + " and", max_tokens=4)) == list(text(fast.drop_cache() + " and", max_tokens=4))
