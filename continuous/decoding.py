@@ -229,7 +229,8 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
         ids, ancestors, weights = sampler(masked, rank, rng)
         step += 1
         # The one transfer of the step: ids, ancestors and which rows are left with no allowed token.
-        ids_h, anc_h, dead = torch.stack([ids, ancestors, (~torch.isfinite(weights)).long()]).tolist()
+        no_token = masked[ancestors, ids] == -torch.inf  # the row had no allowed token left
+        ids_h, anc_h, dead = torch.stack([ids, ancestors, no_token.long()]).tolist()
         if anc_h != identity:
             logits, mask = logits[ancestors], mask[ancestors]
             token_ids, host_mask = token_ids[anc_h], host_mask[anc_h]

@@ -89,7 +89,7 @@ class ContinuousGenerator:
         SequenceState
             The input continued; ``value`` holds this call's typed results.
         """
-        stream = self.stream(prompt, max_tokens=max_tokens, stop_at=stop_at, seed=seed, rng=rng)
+        stream = self._stream(prompt, max_tokens=max_tokens, stop_at=stop_at, seed=seed, rng=rng)
         while True:
             try:
                 next(stream)
@@ -103,7 +103,19 @@ class ContinuousGenerator:
         Each item is shaped like ``value``: a ``str`` for one row, else lists over rows
         (``""`` for a row that produced no text this step, e.g. a finished row). The
         final SequenceState is the generator's return value (``StopIteration.value``).
+
+        Raises
+        ------
+        ValueError
+            With beam search: beams reorder at every step, so a piece would not say which
+            text it extends; call the generator instead.
         """
+        if self.generator.sampler.joint and self.generator.sampler.samples > 1:
+            raise ValueError("beam search cannot stream: beams reorder at every step, so a piece would not "
+                             "extend a fixed row; call the generator to get the final beams")
+        return self._stream(prompt, max_tokens=max_tokens, stop_at=stop_at, seed=seed, rng=rng)
+
+    def _stream(self, prompt, max_tokens, stop_at, seed, rng) -> Iterator[Any]:
         model, sampler = self.generator.model, self.generator.sampler
         rows, weights, batch_size, samples_in = self._rows_of(prompt)
         samples = sampler.samples
