@@ -12,6 +12,9 @@ the chosen ids (and, for beams, which rows they extend).
 
 from __future__ import annotations
 
+import bisect
+import math
+import warnings
 from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
@@ -21,7 +24,14 @@ from .guides import RowMasks
 from .layout import Detokenizer, Rows, interior_holes
 from .samplers import Sampler
 
-__all__ = ["Generation", "top_up", "decode"]
+__all__ = ["Generation", "top_up", "decode", "BanExhausted", "MAX_REWINDS"]
+
+#: Rewinds one row may make in one call before it gives up with its clean prefix.
+MAX_REWINDS = 1000
+
+
+class BanExhausted(UserWarning):
+    """A row could not avoid a banned phrase: it ends with its longest clean prefix."""
 
 
 @dataclass
@@ -87,34 +97,51 @@ def top_up(model, rows: Rows) -> Rows:
 
 
 class _Row:
-    """Per-row bookkeeping of one decoding call (copied when beams reorder rows)."""
+    """Per-row bookkeeping of one decoding call (copied when beams reorder rows).
 
-    __slots__ = ("origin", "detok", "ends", "text", "pending", "finished", "stop", "dead")
+    It keeps what a rewind needs: each generated token, the step whose log-probability
+    it carries (``None`` for a forced token), the column it sits in, and where its text ends.
+    """
 
-    def __init__(self, origin: int, detok: Detokenizer):
-        self.origin, self.detok = origin, detok
+    __slots__ = ("origin", "context", "detok", "ends", "text", "pending", "finished", "stop", "dead",
+                 "tokens", "steps", "slots", "released", "bans", "ban", "rewinds")
+
+    def __init__(self, origin: int, context: list[int], tokenizer, ban=None):
+        self.origin, self.context = origin, context
+        self.detok = Detokenizer(tokenizer, context)
         self.ends: list[int] = []  # character ends, relative to the generated text
         self.text = ""
         self.pending = 0  # tokens waiting for the rest of an incomplete character
         self.finished = False
         self.stop: tuple[int, int] | None = None  # (start, end) of the stop string in text
         self.dead = False  # a beam left with no allowed token: it has no value
+        self.tokens: list[int] = []
+        self.steps: list[int | None] = []
+        self.slots: list[int] = []
+        self.released = 0  # characters already streamed
+        self.bans: dict[int, dict[int, float]] = {}  # position -> token -> factor (0: forbidden)
+        self.ban = ban  # the ban list's matcher of this row, or None
+        self.rewinds = 0
 
     def copy(self) -> "_Row":
         new = _Row.__new__(_Row)
         for name in self.__slots__:
             setattr(new, name, getattr(self, name))
-        new.ends = list(self.ends)
-        new.detok = Detokenizer.__new__(Detokenizer)
-        new.detok.__dict__.update(self.detok.__dict__, ids=list(self.detok.ids))
+        for name in ("ends", "tokens", "steps", "slots"):
+            setattr(new, name, list(getattr(self, name)))
+        new.bans = {k: dict(v) for k, v in self.bans.items()}
+        new.detok = self.detok.copy()
+        new.ban = self.ban.copy() if self.ban is not None else None
         return new
 
-    def add(self, token_id: int, stop_at: Sequence[str], longest_stop: int) -> str:
-        """Append a token; return the text it adds (cut at a stop string)."""
+    def add(self, token_id: int, step: int | None, stop_at: Sequence[str], longest_stop: int):
+        """Append a token; return a banned match's ``(start, factor)`` when its text makes one."""
+        self.tokens.append(token_id)
+        self.steps.append(step)
         piece = self.detok.step(token_id)
         if piece is None:
             self.pending += 1
-            return ""
+            return None
         self._extend(piece)
         if stop_at:
             begin = max(0, len(self.text) - len(piece) - longest_stop + 1)
@@ -124,13 +151,37 @@ class _Row:
                 at, s = min(hits)
                 self.stop = (at, at + len(s))
                 self.finished = True
-                return piece[: max(0, at + len(s) - (len(self.text) - len(piece)))]
-        return piece
+        if self.ban is not None:
+            return self.ban.feed(piece)
+        return None
 
     def _extend(self, piece: str) -> None:
         self.text += piece
         self.ends.extend([len(self.text)] * (self.pending + 1))
         self.pending = 0
+
+    def rewind(self, keep: int, tokenizer) -> None:
+        """Go back to the first ``keep`` generated tokens."""
+        del self.tokens[keep:], self.steps[keep:], self.slots[keep:], self.ends[keep:]
+        self.text = self.text[: self.ends[-1]] if self.ends else ""
+        self.pending = 0
+        self.detok = Detokenizer(tokenizer, self.context + self.tokens)
+        if self.stop is not None and self.stop[1] > len(self.text):
+            self.stop = None
+        self.finished = False
+        for position in [p for p in self.bans if p > keep]:  # bans recorded after a prefix that changed
+            del self.bans[position]
+        if self.ban is not None:
+            self.ban.rewind(len(self.text))
+
+    def release(self) -> str | None:
+        """The text that may be streamed now: all but what could still start a banned match."""
+        end = self.stop[1] if self.stop else len(self.text)
+        if not self.finished and self.ban is not None:
+            end = min(end, len(self.text) - self.ban.held())
+        piece = self.text[self.released:end] if end > self.released else ""
+        self.released = max(self.released, end)
+        return piece
 
     def flush(self) -> None:
         if self.pending:
@@ -146,7 +197,7 @@ class _Row:
 
 def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sampler, *, fork: int = 1,
            max_tokens: int | None = None, stop_at: Sequence[str] = (), rng=None, fast_forward: bool = True,
-           ) -> Iterator[list[str | None]]:
+           bans=None) -> Iterator[list[str | None]]:
     """Generate for every row; yields each step's text pieces, returns a :class:`Generation`.
 
     Parameters
@@ -169,33 +220,44 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
         ``torch.Generator`` of the sampler.
     fast_forward
         Forward the tokens a constraint forces together with the sampled one, in one call.
+    bans
+        A :class:`~continuous.ban.BanList`: a row whose text makes a banned match rewinds
+        to the token where it starts, forbids (or down-weights) that token there and goes on.
 
     Yields
     ------
     list
-        Per row, the text its new token added, or ``None`` for a finished row.
+        Per row, the text that may be streamed now (held back while it could still become
+        a banned match), or ``None`` for a finished row.
     """
     tokenizer = model.tokenizer
     eos = tokenizer.eos_token_id
+    if bans is not None and sampler.joint and sampler.samples > 1:
+        raise ValueError("ban= does not work with beam search: a rewind would have to re-rank every beam; "
+                         "use greedy or multinomial sampling")
     _check_context(model, rows, 1)
     rows = top_up(model, rows)
     if fork > 1:
         rows = rows.select([r for r in range(rows.n_rows) for _ in range(fork)])
         weights = weights.repeat_interleave(fork)
     n = rows.n_rows
-    logits = rows.logits
+    logits = start_logits = rows.logits
     device = logits.device
     weights = weights.to(device=device, dtype=torch.float32)
     masks = RowMasks(constraint, n, model.vocab_size, len(tokenizer), device)
-    state = [_Row(r, Detokenizer(tokenizer, rows.real_ids(r))) for r in range(n)]
+    state = [_Row(r, rows.real_ids(r), tokenizer, bans.matcher() if bans is not None else None) for r in range(n)]
     for r in range(n):
         state[r].finished = masks.done(r)
     room = model.max_length - int(rows.attention_mask.sum(1).max())
     steps = room if max_tokens is None else min(max_tokens, room)
+    if steps <= 0:
+        for row in state:
+            row.finished = True
     cache = rows.cache
     token_ids, host_mask = rows.token_ids, rows.attention_mask  # host copies, reordered with the rows
-    columns: list[list[int]] = []  # generated ids per step (pad for holes), host
-    reals: list[list[bool]] = []  # per step, which rows got a real token
+    width0 = token_ids.shape[1]
+    columns: list[list[int]] = []  # generated ids per column (pad for holes), host
+    reals: list[list[bool]] = []  # per column, which rows hold a real token there
     mask = host_mask.to(device)  # the device copy the forwards read
     all_real = bool(host_mask.all())  # no padding and no hole yet: forwards need no mask
     holes = interior_holes(host_mask)
@@ -204,15 +266,19 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
     longest_stop = max((len(s) for s in stop_at), default=0)
     sentinel = eos if eos is not None else 0
     identity = list(range(n))
+    step_logprobs: list[torch.Tensor] = []  # per step, the sampled tokens' log-probabilities [rows]
 
-    generated = [0] * n  # tokens each row generated in this call
-    if steps <= 0:
-        for row in state:
-            row.finished = True
+    def hole_at(r: int, slot: int) -> None:
+        """Turn a generated token's slot into a hole (host grid and device mask)."""
+        reals[slot][r] = False
+        columns[slot][r] = rows.pad
+        mask[r, width0 + slot] = 0
+
     step = 0
     while not all(row.finished for row in state):
         allowed = masks.allowed([r for r in range(n) if not state[r].finished])
         masked = logits if allowed is None else logits.masked_fill(~allowed, -torch.inf)
+        masked = _apply_bans(masked, state)
         finished = [row.finished for row in state]
         if any(finished):
             # A finished row may only "emit" EOS at no cost: its weight stays, and beam
@@ -226,10 +292,11 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
             rank = weights.clone().view(-1, fork)
             rank[:, 1:] = -torch.inf
             rank = rank.view(-1)
-        ids, ancestors, weights = sampler(masked, rank, rng)
-        step += 1
+        ids, ancestors, new_weights = sampler(masked, rank, rng)
+        step_logprobs.append(new_weights - weights[ancestors])
+        weights = new_weights
         # The one transfer of the step: ids, ancestors and which rows are left with no allowed token.
-        no_token = masked[ancestors, ids] == -torch.inf  # the row had no allowed token left
+        no_token = masked[ancestors, ids] == -torch.inf
         ids_h, anc_h, dead = torch.stack([ids, ancestors, no_token.long()]).tolist()
         if anc_h != identity:
             logits, mask = logits[ancestors], mask[ancestors]
@@ -240,44 +307,62 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
             masks.select(anc_h)
             state = [state[a].copy() for a in anc_h]
             logits_ok = [logits_ok[a] for a in anc_h]
-            generated = [generated[a] for a in anc_h]
-        chunks, pieces = [], []
-        # Beam search may have to keep more rows than there are allowed tokens: the
-        # extra rows get a -inf weight and a token the constraint forbids; they end here.
+        chunks: list[list[int]] = []
+        rewound = 0  # forwarded tokens that rewinds took back
         for r, t in enumerate(ids_h):
             row = state[r]
             if row.finished or t == eos or dead[r]:
-                row.dead = row.dead or (bool(dead[r]) and not row.finished)
+                if dead[r] and row.bans.get(len(row.tokens)):
+                    _warn_exhausted(r, row)  # every allowed token here starts a banned phrase
+                else:
+                    # Beam search may have to keep more rows than there are allowed tokens:
+                    # the extra rows get a -inf weight; they end here with no value.
+                    row.dead = row.dead or (bool(dead[r]) and not row.finished)
                 row.finished = True
                 chunks.append([])
-                pieces.append(None)
                 continue
-            chunk, piece = [t], ""
+            chunk, sampled, match = [t], step, None
             while True:  # the sampled token, then any the constraint forces (fast-forward)
                 masks.advance(r, chunk[-1])
-                piece += row.add(chunk[-1], stop_at, longest_stop)
-                generated[r] += 1
-                if masks.done(r) or generated[r] >= steps:
+                match = row.add(chunk[-1], sampled, stop_at, longest_stop)
+                sampled = None
+                if masks.done(r) or len(row.tokens) >= steps:
                     row.finished = True
-                if row.finished or not fast_forward:
+                if match is not None or row.finished or not fast_forward:
                     break
                 forced = masks.forced(r)
                 if not forced:
                     break
                 chunk.append(forced[0])
+            if match is not None:
+                forwarded = len(row.slots)
+                chunk = _rewind(row, r, match, chunk, masks, tokenizer, step_logprobs, weights, hole_at)
+                rewound += forwarded - len(row.slots)
+                if not chunk and row.tokens:  # the last kept token comes back to give its logits
+                    chunk = [row.tokens[-1]]
+                    hole_at(r, row.slots.pop())
+                    rewound += 1
+                elif not chunk:  # back to the start of the call: its logits were kept
+                    logits = logits.clone()
+                    logits[r] = start_logits[r]
             chunks.append(chunk)
-            pieces.append(piece)
-        yield pieces
+        step += 1
+        yield [row.release() if not (row.finished and row.released >= len(row.text)) else None
+               for row in state]
         # Right-aligned: every row's newest token sits in the last slot, where the logits are read.
         width = max(len(c) for c in chunks)
         real = [[j >= width - len(c) for j in range(width)] for c in chunks]
         new_ids = [[c[j - width + len(c)] if ok[j] else rows.pad for j in range(width)] for c, ok in zip(chunks, real)]
+        for r, c in enumerate(chunks):
+            state[r].slots.extend(range(len(columns) + width - len(c), len(columns) + width))
         columns.extend(map(list, zip(*new_ids)))
         reals.extend(map(list, zip(*real)))
         real_dev = torch.tensor(real, device=device)
         mask = torch.cat([mask, real_dev.long()], 1)
-        all_real = all_real and all(map(all, real))
-        holes = holes or any(0 < len(c) < width for c in chunks)
+        all_real = all_real and all(map(all, real)) and not any(row.rewinds for row in state)
+        holes = holes or any(0 < len(c) < width for c in chunks) or any(row.rewinds for row in state)
+        if rewound:
+            model.stats.record_rewound(rewound)
         if all(row.finished for row in state):
             logits_ok = [ok and not c for ok, c in zip(logits_ok, chunks)]
             break
@@ -302,3 +387,56 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
     else:
         out = out.edit([(len(e), [], [], t) for e, t in zip(ends, texts)])
     return Generation(out, weights.cpu(), [row.value_text for row in state])
+
+
+def _apply_bans(masked: torch.Tensor, state: list[_Row]) -> torch.Tensor:
+    """Forbid (or down-weight) the tokens banned at each row's current position."""
+    rows, tokens, shifts = [], [], []
+    for r, row in enumerate(state):
+        if not row.finished:
+            for t, factor in row.bans.get(len(row.tokens), {}).items():
+                rows.append(r)
+                tokens.append(t)
+                shifts.append(-math.inf if factor == 0 else math.log(factor))
+    if not rows:
+        return masked
+    at = (torch.tensor(rows, device=masked.device), torch.tensor(tokens, device=masked.device))
+    masked = masked.clone()
+    masked[at] = masked[at] + torch.tensor(shifts, device=masked.device, dtype=masked.dtype)
+    return masked
+
+
+def _rewind(row: _Row, r: int, match, chunk: list[int], masks: RowMasks, tokenizer, step_logprobs, weights,
+            holes_at) -> list[int]:
+    """Take a row back to the token where a banned match starts; return what is left of this step's chunk.
+
+    The token that began the match is banned at that position (or its probability
+    multiplied by the soft factor: a soft-banned phrase sampled again there stands).
+    The row's weight loses the removed tokens' log-probabilities, its constraint rolls
+    back, and the slots of removed tokens already in the grid become holes.
+    """
+    start, factor = match
+    keep = bisect.bisect_right(row.ends, start)
+    first = row.tokens[keep]
+    here = row.bans.setdefault(keep, {})
+    if factor > 0 and first in here:
+        return chunk  # already down-weighted at this position and sampled again: it stands
+    here[first] = factor
+    for s in row.steps[keep:]:
+        if s is not None:
+            weights[r] -= step_logprobs[s][r]
+    masks.rollback(r, len(row.tokens) - keep)
+    for slot in row.slots[keep:]:
+        holes_at(r, slot)
+    new_chunk = chunk[: max(0, keep - (len(row.tokens) - len(chunk)))]
+    row.rewind(keep, tokenizer)
+    row.rewinds += 1
+    if row.rewinds > MAX_REWINDS:
+        _warn_exhausted(r, row)
+        row.finished = True
+    return new_chunk
+
+
+def _warn_exhausted(r: int, row: _Row) -> None:
+    warnings.warn(f"row {r} could not avoid a banned phrase after {row.rewinds} rewinds: it ends with its "
+                  f"longest clean prefix ({len(row.tokens)} tokens)", BanExhausted, stacklevel=4)

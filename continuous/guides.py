@@ -172,6 +172,11 @@ class RowMasks:
         if self.matchers is not None:
             self.matchers[row].advance(token_id)
 
+    def rollback(self, row: int, n: int) -> None:
+        """Undo a row's last ``n`` tokens."""
+        if self.matchers is not None and n:
+            self.matchers[row].rollback(n)
+
     def forced(self, row: int) -> list[int]:
         """The tokens a row's constraint forces next (empty when it has a choice)."""
         return self.matchers[row].forced() if self.matchers is not None else []

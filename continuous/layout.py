@@ -107,6 +107,12 @@ class Detokenizer:
         self.ids.append(token_id)
         return self.flush() if final else self._piece(False)
 
+    def copy(self) -> "Detokenizer":
+        """An independent detokenizer at the same point."""
+        new = Detokenizer.__new__(Detokenizer)
+        new.__dict__.update(self.__dict__, ids=list(self.ids))
+        return new
+
     def flush(self) -> str:
         """Whatever text is held back, with replacement characters for incomplete bytes."""
         return self._piece(True) or ""

@@ -30,11 +30,15 @@ class Stats:
         Forward passes.
     positions_forwarded
         Slots sent through the blocks including padding: what a batch really costs.
+    tokens_rewound
+        Forwarded tokens that a rewind (``ban=``) took back: counted in
+        ``tokens_forwarded`` too, they are the cost of backtracking.
     """
 
     tokens_forwarded: int = 0
     forward_calls: int = 0
     positions_forwarded: int = 0
+    tokens_rewound: int = 0
     # Threads share a model: every update holds the lock, so no count is lost.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -50,6 +54,11 @@ class Stats:
             self.forward_calls += 1
             self.tokens_forwarded += tokens
             self.positions_forwarded += positions
+
+    def record_rewound(self, tokens: int) -> None:
+        """Count forwarded tokens that a rewind took back."""
+        with self._lock:
+            self.tokens_rewound += tokens
 
     def snapshot(self) -> dict:
         """The counters as a dict, to compare before and after an operation."""
