@@ -8,7 +8,7 @@ tokenizer (llama.cpp's vocab file, converted offline). Competitors run interleav
 one process and get the same ids, prefill, dtype and max tokens:
 
 - decode: 128 greedy tokens after a 512-token prompt, prefilled (decode time only),
-  against HF ``generate`` with its dynamic cache and with ``cache_implementation="static"``
+  eager and with ``compile=True`` (compiled steps, CUDA graphs on a GPU), against HF ``generate`` with its dynamic cache and with ``cache_implementation="static"``
   (which compiles), and the HBM floor: bytes of the weights a step reads (the input
   embedding excluded unless tied, since the head reads it) / measured copy bandwidth;
 - multiturn: the ``multiturn`` benchmark's workload, against the ideal loop and outlines;
@@ -114,19 +114,24 @@ def main():
     ids = tok(prompt, return_tensors="pt").input_ids.to(device)
     gen = continuous(generate.text(model))
 
-    # decode
+    # decode: eager, and with compiled decode steps (CUDA graphs on a GPU)
     floor = step_bytes(hf) / bandwidth(device)
-    ours, dyn, static = [], [], []
+    compiled = models.transformers(hf, tok, compile=True)
+    gen_c = continuous(generate.text(compiled))
+    gen_c(gen_c(prompt, max_tokens=0), max_tokens=n_decode)  # compile the shapes first
+    ours, ours_c, dyn, static = [], [], [], []
     with torch.no_grad():
         for _ in range(args.reps):
-            base = gen(prompt, max_tokens=0)
-            before = model.stats.forward_calls
-            _, t = clock(device, lambda: gen(base, max_tokens=n_decode))
-            ours.append(t / (model.stats.forward_calls - before))
+            for g, m, out in ((gen, model, ours), (gen_c, compiled, ours_c)):
+                base = g(prompt, max_tokens=0)
+                before = m.stats.forward_calls
+                _, t = clock(device, lambda: g(base, max_tokens=n_decode))
+                out.append(t / (m.stats.forward_calls - before))
             dyn.append(hf_decode(hf, ids, n_decode, device))
             if device == "cuda":
                 static.append(hf_decode(hf, ids, n_decode, device, cache_implementation="static"))
-    decode_ms = {"continuous": median(ours) * 1e3, "hf_dynamic": median(dyn) * 1e3,
+    decode_ms = {"continuous": median(ours) * 1e3, "continuous_compiled": median(ours_c) * 1e3,
+                 "hf_dynamic": median(dyn) * 1e3,
                  "hf_static": median(static) * 1e3 if static else None, "floor": floor * 1e3}
 
     # multiturn, JSON and fork reuse the CPU benchmarks' workloads
@@ -143,6 +148,10 @@ def main():
                   r(decode_ms["continuous"] / decode_ms["hf_dynamic"])))
     table.append(("decode ms/token vs floor", r(decode_ms["continuous"]), r(floor * 1e3),
                   r(decode_ms["continuous"] / decode_ms["floor"])))
+    table.append(("compiled decode vs HF static", r(decode_ms["continuous_compiled"]), r(decode_ms["hf_static"]),
+                  r(decode_ms["continuous_compiled"] / decode_ms["hf_static"]) if static else "-"))
+    table.append(("compiled decode vs floor", r(decode_ms["continuous_compiled"]), r(floor * 1e3),
+                  r(decode_ms["continuous_compiled"] / decode_ms["floor"])))
     table.append(("multiturn s vs ideal", r(multiturn_s["continuous"]), r(multiturn_s["ideal"]),
                   r(multiturn_s["continuous"] / multiturn_s["ideal"])))
     table.append(("multiturn s vs outlines", r(multiturn_s["continuous"]), r(multiturn_s["outlines"]),

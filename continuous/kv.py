@@ -23,7 +23,7 @@ import threading
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-__all__ = ["KVCache", "ForwardCache", "capacity_for"]
+__all__ = ["KVCache", "ForwardCache", "StaticStepCache", "capacity_for"]
 
 _MIN_CAPACITY = 64
 
@@ -80,7 +80,7 @@ def _gather(buffer: _Buffer, rows: torch.Tensor | None, slots: torch.Tensor | No
                 if slots is not None:
                     idx = slots.to(t.device)[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
                     src = src.gather(2, idx)
-                out = t.new_empty((n_rows, t.shape[1], capacity, t.shape[3]))
+                out = t.new_zeros((n_rows, t.shape[1], capacity, t.shape[3]))
                 out[:, :, :length] = src
                 new_layer.append(out)
     new.filled = length
@@ -160,9 +160,11 @@ class _Layer(CacheLayerMixin):
     def update(self, key_states, value_states, *args, **kwargs):
         owner, buf = self.owner, self.owner._buffer
         if self.index == len(buf.keys):  # the first forward into a new buffer allocates lazily
+            # Zeros, not empty memory: a compiled step attends over the whole capacity, and
+            # a NaN bit pattern in an unused slot would leak through a zero weight.
             shape = (buf.rows, key_states.shape[1], buf.capacity, key_states.shape[3])
-            buf.keys.append(key_states.new_empty(shape))
-            buf.values.append(value_states.new_empty(shape[:3] + (value_states.shape[3],)))
+            buf.keys.append(key_states.new_zeros(shape))
+            buf.values.append(value_states.new_zeros(shape[:3] + (value_states.shape[3],)))
         keys, values = buf.keys[self.index], buf.values[self.index]
         keys[:, :, owner.start : owner.end] = key_states
         values[:, :, owner.start : owner.end] = value_states
@@ -224,3 +226,48 @@ class ForwardCache(Cache):
     def result(self) -> KVCache:
         """The view covering ``[0, start + n_new)`` after the forward wrote it."""
         return KVCache(self._buffer, self.end)
+
+
+class _StaticLayer(CacheLayerMixin):
+    """A layer of :class:`StaticStepCache`: writes one slot at a tensor index, returns the whole capacity."""
+
+    is_compileable = True
+    is_croppable = False
+
+    def __init__(self, owner: "StaticStepCache", index: int, sliding: bool):
+        super().__init__()
+        self.owner, self.index, self.is_sliding = owner, index, sliding
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # the buffer exists already
+        pass
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        keys, values = self.owner.keys[self.index], self.owner.values[self.index]
+        keys.index_copy_(2, self.owner.write_at, key_states)
+        values.index_copy_(2, self.owner.write_at, value_states)
+        return keys, values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.capacity, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.write_at
+
+    def get_max_length(self) -> int:
+        return self.owner.capacity
+
+
+class StaticStepCache(Cache):
+    """The transformers ``Cache`` of a compiled one-token decode step: fixed shapes throughout.
+
+    Every layer writes its new slot at ``write_at`` (a 0-d tensor, so that a compiled
+    step is not specialized on it) into the full-capacity buffer and attends over all
+    of it; the masks say which slots count. Build it from a :class:`ForwardCache` that
+    claimed the slot, so copy on write and the tip's lock work as for any forward.
+    """
+
+    def __init__(self, fc: ForwardCache, layer_kinds: list[bool], write_at: torch.Tensor):
+        buf = fc._buffer
+        self.keys, self.values, self.capacity, self.write_at = buf.keys, buf.values, buf.capacity, write_at
+        super().__init__(layers=[_StaticLayer(self, i, sliding) for i, sliding in enumerate(layer_kinds)])

@@ -7,7 +7,7 @@ import weakref
 
 import torch
 
-from ..kv import ForwardCache, KVCache
+from ..kv import ForwardCache, KVCache, StaticStepCache
 from .base import Stats, check_layout
 from .masks import attention_masks, check_supported, layer_kinds
 
@@ -30,7 +30,7 @@ class Transformers:
     be safe to call concurrently (inference-mode PyTorch modules are).
     """
 
-    def __init__(self, model, tokenizer):
+    def __init__(self, model, tokenizer, compile: bool | str = False):
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError("continuous needs a fast (Rust) tokenizer: it maps characters to tokens "
                             "with offset mappings")
@@ -44,6 +44,13 @@ class Transformers:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.kinds = layer_kinds(model.config)
+        self.compiled = None
+        if compile:
+            # One-token decode steps run compiled, on fixed shapes (a buffer's capacity), so
+            # that nothing is specialized on the step; on CUDA "reduce-overhead" also
+            # captures them in CUDA graphs. Prefills stay eager.
+            mode = compile if isinstance(compile, str) else ("reduce-overhead" if self.device.type == "cuda" else None)
+            self.compiled = torch.compile(self._step, mode=mode, dynamic=False)
 
     def __repr__(self) -> str:
         return f"models.transformers({type(self.model).__name__}, vocab={self.vocab_size})"
@@ -69,6 +76,14 @@ class Transformers:
             mask = attention_mask.to(device, non_blocking=True)
             positions = (mask.long().cumsum(-1)[:, start:] - 1).clamp(min=0)
         fc = ForwardCache(cache, rows, n, self.kinds)
+        if self.compiled is not None and n == 1 and len(fc._buffer.keys) == len(self.kinds):
+            try:
+                logits = self._static_step(input_ids, mask, fc)
+            except BaseException:
+                fc.abort()
+                raise
+            self.stats.record(n_real, rows)
+            return logits, fc.result()
         try:
             with torch.inference_mode():
                 embeds_like = torch.empty((rows, n, 0), dtype=self.dtype, device=device)
@@ -82,7 +97,33 @@ class Transformers:
         return out.logits.float(), fc.result()
 
 
-def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None) -> Transformers:
+    def _static_step(self, input_ids: torch.Tensor, mask: torch.Tensor | None, fc: ForwardCache) -> torch.Tensor:
+        """One decode step on fixed shapes: the whole capacity, masks saying which slots count."""
+        rows, start, capacity, device = input_ids.shape[0], fc.start, fc._buffer.capacity, self.device
+        full = torch.zeros((rows, capacity), dtype=torch.bool, device=device)
+        full[:, : start + 1] = True if mask is None else mask.bool()
+        positions = full.long().cumsum(-1) - 1
+        query = positions[:, start : start + 1]
+        keys = full[:, None, None, :]
+        masks = keys
+        if any(self.kinds):
+            window = keys & ((query - positions) < self.model.config.sliding_window)[:, None, None, :]
+            masks = window if all(self.kinds) else {"full_attention": keys, "sliding_attention": window}
+        if self.model.config._attn_implementation == "eager":  # eager attention adds its mask
+            low = torch.finfo(self.dtype).min
+            as_bias = lambda m: torch.zeros(m.shape, dtype=self.dtype, device=device).masked_fill(~m, low)  # noqa: E731
+            masks = {k: as_bias(m) for k, m in masks.items()} if isinstance(masks, dict) else as_bias(masks)
+        cache = StaticStepCache(fc, self.kinds, torch.tensor(start, device=device))
+        with torch.inference_mode():
+            return self.compiled(input_ids, query.clamp(min=0), masks, cache)
+
+    def _step(self, input_ids, position_ids, masks, cache):
+        return self.model(input_ids=input_ids, attention_mask=masks, position_ids=position_ids,
+                          past_key_values=cache, use_cache=True, logits_to_keep=1).logits.float()
+
+
+def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, compile: bool | str = False,
+                 ) -> Transformers:
     """A local transformers model.
 
     Parameters
@@ -94,6 +135,10 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None) -> T
         A loaded fast tokenizer; loaded from ``model_or_path`` when omitted.
     device, dtype
         Where and in which dtype to load or move the model.
+    compile
+        Run one-token decode steps compiled with ``torch.compile`` on fixed shapes (on
+        CUDA with CUDA graphs, mode ``"reduce-overhead"``; a string names another mode).
+        The first steps of each new shape compile (seconds); it pays for long decodes.
 
     Returns
     -------
@@ -120,7 +165,7 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None) -> T
     if device is not None or dtype is not None:
         model = model.to(device=device, dtype=dtype)
     wrapped = _WRAPPED.get(model)
-    if wrapped is None or wrapped.tokenizer is not tokenizer:
-        wrapped = Transformers(model, tokenizer)
+    if wrapped is None or wrapped.tokenizer is not tokenizer or bool(wrapped.compiled) != bool(compile):
+        wrapped = Transformers(model, tokenizer, compile=compile)
         _WRAPPED[model] = wrapped
     return wrapped
