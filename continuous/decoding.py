@@ -244,7 +244,7 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
     logits = start_logits = rows.logits
     device = logits.device
     weights = weights.to(device=device, dtype=torch.float32)
-    masks = RowMasks(constraint, n, model.vocab_size, len(tokenizer), device)
+    masks = RowMasks(constraint, n, model.vocab_size, len(tokenizer), eos, device)
     state = [_Row(r, rows.real_ids(r), tokenizer, bans.matcher() if bans is not None else None) for r in range(n)]
     for r in range(n):
         state[r].finished = masks.done(r)
@@ -276,7 +276,7 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
 
     step = 0
     while not all(row.finished for row in state):
-        allowed = masks.allowed([r for r in range(n) if not state[r].finished])
+        allowed = masks.allowed()
         masked = logits if allowed is None else logits.masked_fill(~allowed, -torch.inf)
         masked = _apply_bans(masked, state)
         finished = [row.finished for row in state]

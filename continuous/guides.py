@@ -90,15 +90,8 @@ class _GuideMatcher:
         self.guide.rollback_state(n)
 
     def forced(self) -> list[int]:
-        # Follow the states that allow exactly one token (EOS aside: it is never forced).
-        tokens, state = [], self.guide.get_state()
-        while len(tokens) < 64:
-            allowed = self.index.get_allowed_tokens(state)
-            if len(allowed) != 1 or allowed[0] == self.eos:
-                break
-            tokens.append(allowed[0])
-            state = self.index.get_next_state(state, allowed[0])
-        return tokens
+        allowed = self.index.get_allowed_tokens(self.guide.get_state())
+        return allowed if len(allowed) == 1 and allowed[0] != self.eos else []
 
     def accepting(self) -> bool:
         return self.guide.is_finished()
@@ -126,7 +119,10 @@ class RowMasks:
     """Per row, the constraint's matcher, and the masks of what each row may emit next, on a device.
 
     Matchers write a packed int32 bitmask on the host (a few KB per row even for 128k
-    vocabularies); it is copied to the device and unpacked there, so logits never leave it.
+    vocabularies) as soon as a row moves; it is copied to the device and unpacked there,
+    so logits never leave it. A bitmask row with a single bit says that the constraint
+    allows one token only: EOS (the row is done) or a forced token (fast-forward), which
+    is by construction the token decoding one by one would choose.
 
     Parameters
     ----------
@@ -138,30 +134,45 @@ class RowMasks:
         Width of the logits (may exceed the tokenizer's size; extra ids are never allowed).
     n_tokens
         Size of the tokenizer's vocabulary.
+    eos
+        The EOS id.
     device
         Where the logits are.
     """
 
-    def __init__(self, constraint, rows: int, vocab_size: int, n_tokens: int, device: torch.device):
+    def __init__(self, constraint, rows: int, vocab_size: int, n_tokens: int, eos: int | None,
+                 device: torch.device):
         self.matchers = [constraint.matcher() for _ in range(rows)] if constraint is not None else None
-        self.vocab_size = vocab_size
-        self.device = device
+        self.vocab_size, self.eos, self.device = vocab_size, eos, device
         words = (vocab_size + 31) // 32
-        pin = device.type == "cuda"
-        self.bitmask = torch.zeros((rows, words), dtype=torch.int32, pin_memory=pin)
+        self.bitmask = torch.zeros((rows, words), dtype=torch.int32, pin_memory=device.type == "cuda")
+        self.single: list[int | None] = [None] * rows  # the one allowed token of a row, if one
         # Free text may emit any real token; ids past the tokenizer (padded embeddings) never.
         self.free = None
         if n_tokens < vocab_size:
             self.free = torch.zeros(vocab_size, dtype=torch.bool, device=device)
             self.free[:n_tokens] = True
         self.bits = torch.tensor([1 << i for i in range(31)] + [-(1 << 31)], dtype=torch.int32, device=device)
+        if self.matchers is not None:
+            for r in range(rows):
+                self._refresh(r)
 
-    def allowed(self, rows: list[int]) -> torch.Tensor | None:
-        """Boolean ``[all rows, vocab_size]`` on the device (given rows refreshed), or ``None``: all allowed."""
+    def _refresh(self, row: int) -> None:
+        words = self.bitmask[row]
+        self.matchers[row].fill(words)
+        nonzero = words.nonzero()
+        single = None
+        if nonzero.shape[0] == 1:
+            at = int(nonzero[0, 0])
+            word = int(words[at]) & 0xFFFFFFFF
+            if word & (word - 1) == 0:
+                single = at * 32 + word.bit_length() - 1
+        self.single[row] = single
+
+    def allowed(self) -> torch.Tensor | None:
+        """Boolean ``[rows, vocab_size]`` on the device, or ``None`` when every token is allowed."""
         if self.matchers is None:
             return self.free
-        for r in rows:
-            self.matchers[r].fill(self.bitmask[r])
         words = self.bitmask.to(self.device, non_blocking=True)
         allowed = (words.unsqueeze(-1) & self.bits) != 0
         allowed = allowed.view(words.shape[0], -1)[:, : self.vocab_size]
@@ -171,19 +182,22 @@ class RowMasks:
         """Move a row's matcher past a token it emitted."""
         if self.matchers is not None:
             self.matchers[row].advance(token_id)
+            self._refresh(row)
 
     def rollback(self, row: int, n: int) -> None:
         """Undo a row's last ``n`` tokens."""
         if self.matchers is not None and n:
             self.matchers[row].rollback(n)
+            self._refresh(row)
 
     def forced(self, row: int) -> list[int]:
-        """The tokens a row's constraint forces next (empty when it has a choice)."""
-        return self.matchers[row].forced() if self.matchers is not None else []
+        """The token a row's constraint forces next (empty when it has a choice)."""
+        single = self.single[row]
+        return [single] if single is not None and single != self.eos else []
 
     def done(self, row: int) -> bool:
         """Whether nothing but EOS may follow in this row."""
-        return self.matchers is not None and self.matchers[row].done()
+        return self.matchers is not None and self.single[row] == self.eos
 
     def select(self, rows: list[int]) -> None:
         """Reorder (and duplicate) rows in place, for beams and forks."""
@@ -194,6 +208,7 @@ class RowMasks:
                 picked.append(self.matchers[i] if i not in seen else self.matchers[i].copy())
                 seen.add(i)
             self.matchers = picked
+        self.single = [self.single[i] for i in rows]
         self.bitmask = self.bitmask[rows].contiguous()
-        if self.bitmask.device.type == "cpu" and self.device.type == "cuda":
+        if self.device.type == "cuda":
             self.bitmask = self.bitmask.pin_memory()
