@@ -21,6 +21,7 @@ from typing import Iterator, Sequence
 import torch
 
 from .guides import RowMasks
+from .heal import HealMatcher, heal_length, token_strings
 from .layout import Detokenizer, Rows, interior_holes
 from .samplers import Sampler
 
@@ -104,10 +105,11 @@ class _Row:
     """
 
     __slots__ = ("origin", "context", "detok", "ends", "text", "pending", "finished", "stop", "dead",
-                 "tokens", "steps", "slots", "released", "bans", "ban", "rewinds")
+                 "tokens", "steps", "slots", "released", "bans", "ban", "rewinds", "healed")
 
-    def __init__(self, origin: int, context: list[int], tokenizer, ban=None):
+    def __init__(self, origin: int, context: list[int], tokenizer, ban=None, healed: int = 0):
         self.origin, self.context = origin, context
+        self.healed = healed  # characters of the input that healing spells again (not part of the value)
         self.detok = Detokenizer(tokenizer, context)
         self.ends: list[int] = []  # character ends, relative to the generated text
         self.text = ""
@@ -118,7 +120,7 @@ class _Row:
         self.tokens: list[int] = []
         self.steps: list[int | None] = []
         self.slots: list[int] = []
-        self.released = 0  # characters already streamed
+        self.released = healed  # characters already streamed (the re-spelled input was, as input)
         self.bans: dict[int, dict[int, float]] = {}  # position -> token -> factor (0: forbidden)
         self.ban = ban  # the ban list's matcher of this row, or None
         self.rewinds = 0
@@ -192,12 +194,12 @@ class _Row:
     def value_text(self) -> str | None:
         if self.dead:
             return None
-        return self.text[: self.stop[0]] if self.stop else self.text
+        return (self.text[: self.stop[0]] if self.stop else self.text)[self.healed:]
 
 
 def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sampler, *, fork: int = 1,
            max_tokens: int | None = None, stop_at: Sequence[str] = (), rng=None, fast_forward: bool = True,
-           bans=None) -> Iterator[list[str | None]]:
+           bans=None, heal: bool = False) -> Iterator[list[str | None]]:
     """Generate for every row; yields each step's text pieces, returns a :class:`Generation`.
 
     Parameters
@@ -223,6 +225,9 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
     bans
         A :class:`~continuous.ban.BanList`: a row whose text makes a banned match rewinds
         to the token where it starts, forbids (or down-weights) that token there and goes on.
+    heal
+        Back each row up over its last tokens that a longer token could extend, and make
+        the first generated tokens spell them again (:mod:`continuous.heal`).
 
     Yields
     ------
@@ -236,16 +241,30 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
         raise ValueError("ban= does not work with beam search: a rewind would have to re-rank every beam; "
                          "use greedy or multinomial sampling")
     _check_context(model, rows, 1)
+    healed = [""] * rows.n_rows
+    if heal:
+        rows, healed = _heal(tokenizer, rows)
     rows = top_up(model, rows)
     if fork > 1:
         rows = rows.select([r for r in range(rows.n_rows) for _ in range(fork)])
         weights = weights.repeat_interleave(fork)
+        healed = [h for h in healed for _ in range(fork)]
     n = rows.n_rows
     logits = start_logits = rows.logits
     device = logits.device
     weights = weights.to(device=device, dtype=torch.float32)
-    masks = RowMasks(constraint, n, model.vocab_size, len(tokenizer), eos, device)
-    state = [_Row(r, rows.real_ids(r), tokenizer, bans.matcher() if bans is not None else None) for r in range(n)]
+    matchers = None
+    if any(healed):
+        strings = token_strings(tokenizer)
+        matchers = []
+        for r, h in enumerate(healed):
+            ends = rows.ends[r]
+            window = rows.texts[r][ends[-4] if len(ends) >= 4 else 0:] if h else ""
+            matchers.append(HealMatcher(h, constraint.matcher() if constraint is not None else None, strings,
+                                        tokenizer, len(tokenizer), eos, window))
+    masks = RowMasks(constraint, n, model.vocab_size, len(tokenizer), eos, device, matchers)
+    state = [_Row(r, rows.real_ids(r), tokenizer, bans.matcher() if bans is not None else None, len(healed[r]))
+             for r in range(n)]
     for r in range(n):
         state[r].finished = masks.done(r)
     room = model.max_length - int(rows.attention_mask.sum(1).max())
@@ -440,3 +459,18 @@ def _rewind(row: _Row, r: int, match, chunk: list[int], masks: RowMasks, tokeniz
 def _warn_exhausted(r: int, row: _Row) -> None:
     warnings.warn(f"row {r} could not avoid a banned phrase after {row.rewinds} rewinds: it ends with its "
                   f"longest clean prefix ({len(row.tokens)} tokens)", BanExhausted, stacklevel=4)
+
+
+def _heal(tokenizer, rows: Rows) -> tuple[Rows, list[str]]:
+    """Crop each row's last tokens that a longer token could extend; return the rows and the removed texts."""
+    strings = token_strings(tokenizer)
+    cuts, healed = [], []
+    for r, (text, ends) in enumerate(zip(rows.texts, rows.ends)):
+        first = next((i for i, e in enumerate(ends) if e > 0), len(ends))  # the special prefix stays
+        k = heal_length(strings, text, list(ends), first)
+        cut = ends[-k - 1] if k and len(ends) > k else (0 if k else len(text))
+        cuts.append(cut)
+        healed.append(text[cut:])
+    if not any(healed):
+        return rows, healed
+    return rows.with_text(tokenizer, cuts, [""] * rows.n_rows), healed

@@ -128,6 +128,8 @@ class RowMasks:
     ----------
     constraint
         A :class:`~continuous.engines.Constraint`, or ``None`` for free text.
+    matchers
+        One matcher per row instead of the constraint's (healing wraps them).
     rows
         Number of rows.
     vocab_size
@@ -141,8 +143,10 @@ class RowMasks:
     """
 
     def __init__(self, constraint, rows: int, vocab_size: int, n_tokens: int, eos: int | None,
-                 device: torch.device):
-        self.matchers = [constraint.matcher() for _ in range(rows)] if constraint is not None else None
+                 device: torch.device, matchers: list | None = None):
+        if matchers is None and constraint is not None:
+            matchers = [constraint.matcher() for _ in range(rows)]
+        self.matchers = matchers
         self.vocab_size, self.eos, self.device = vocab_size, eos, device
         words = (vocab_size + 31) // 32
         self.bitmask = torch.zeros((rows, words), dtype=torch.int32, pin_memory=device.type == "cuda")

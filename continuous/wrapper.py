@@ -68,7 +68,7 @@ class ContinuousGenerator:
         return f"continuous({self.generator.kind} generator, sampler={self.generator.sampler})"
 
     def __call__(self, prompt, max_tokens: int | None = None, stop_at: str | Sequence[str] | None = None,
-                 seed: int | None = None, rng: torch.Generator | None = None) -> SequenceState:
+                 seed: int | None = None, rng: torch.Generator | None = None, heal: bool = False) -> SequenceState:
         """Generate from prompts or continue a state.
 
         Parameters
@@ -83,13 +83,18 @@ class ContinuousGenerator:
             state's text, not in ``value``).
         seed, rng
             Make sampling reproducible: an int seed, or a ``torch.Generator``.
+        heal
+            Token healing: back up over the input's last tokens (at most a few) whose text a
+            longer token could extend, and make the first generated tokens spell that text
+            again; the result's text starts with the input's text, and ``value`` leaves the
+            re-spelled text out. The crop keeps the cache.
 
         Returns
         -------
         SequenceState
             The input continued; ``value`` holds this call's typed results.
         """
-        stream = self._stream(prompt, max_tokens=max_tokens, stop_at=stop_at, seed=seed, rng=rng)
+        stream = self._stream(prompt, max_tokens=max_tokens, stop_at=stop_at, seed=seed, rng=rng, heal=heal)
         while True:
             try:
                 next(stream)
@@ -97,7 +102,7 @@ class ContinuousGenerator:
                 return done.value
 
     def stream(self, prompt, max_tokens: int | None = None, stop_at: str | Sequence[str] | None = None,
-               seed: int | None = None, rng: torch.Generator | None = None) -> Iterator[Any]:
+               seed: int | None = None, rng: torch.Generator | None = None, heal: bool = False) -> Iterator[Any]:
         """Like ``__call__``, but yield the text of each new token as it is generated.
 
         Each item is shaped like ``value``: a ``str`` for one row, else lists over rows
@@ -113,9 +118,9 @@ class ContinuousGenerator:
         if self.generator.sampler.joint and self.generator.sampler.samples > 1:
             raise ValueError("beam search cannot stream: beams reorder at every step, so a piece would not "
                              "extend a fixed row; call the generator to get the final beams")
-        return self._stream(prompt, max_tokens=max_tokens, stop_at=stop_at, seed=seed, rng=rng)
+        return self._stream(prompt, max_tokens=max_tokens, stop_at=stop_at, seed=seed, rng=rng, heal=heal)
 
-    def _stream(self, prompt, max_tokens, stop_at, seed, rng) -> Iterator[Any]:
+    def _stream(self, prompt, max_tokens, stop_at, seed, rng, heal) -> Iterator[Any]:
         model, sampler = self.generator.model, self.generator.sampler
         rows, weights, batch_size, samples_in = self._rows_of(prompt)
         samples = sampler.samples
@@ -130,7 +135,8 @@ class ContinuousGenerator:
         index = self.generator.index
         constraint = IndexConstraint(index, model.tokenizer.eos_token_id) if index is not None else None
         steps = decode(model, rows, weights.reshape(-1), constraint, sampler, fork=fork,
-                       max_tokens=max_tokens, stop_at=stop_at, rng=rng, fast_forward=self.fast_forward)
+                       max_tokens=max_tokens, stop_at=stop_at, rng=rng, fast_forward=self.fast_forward,
+                       heal=bool(heal))
         # Arguments are checked above, when stream() is called; the steps run when iterated.
         return self._run(steps, batch_size, samples)
 
