@@ -22,7 +22,8 @@ import torch
 
 from .guides import RowMasks
 from .heal import HealMatcher, heal_length, token_strings
-from .layout import Detokenizer, Rows, interior_holes
+from .detok import Detokenizer, dangling
+from .layout import Rows, interior_holes
 from .samplers import Sampler
 
 __all__ = ["Generation", "top_up", "decode", "BanExhausted", "MAX_REWINDS"]
@@ -105,12 +106,18 @@ class _Row:
     """
 
     __slots__ = ("origin", "context", "detok", "ends", "text", "pending", "finished", "stop", "dead",
-                 "tokens", "steps", "slots", "released", "bans", "ban", "rewinds", "healed")
+                 "tokens", "steps", "slots", "released", "bans", "ban", "rewinds", "healed", "dangling",
+                 "dangling_end")
 
-    def __init__(self, origin: int, context: list[int], tokenizer, ban=None, healed: int = 0):
+    def __init__(self, origin: int, context: list[int], tokenizer, ban=None, healed: int = 0, hanging: int = 0):
         self.origin, self.context = origin, context
         self.healed = healed  # characters of the input that healing spells again (not part of the value)
-        self.detok = Detokenizer(tokenizer, context)
+        # The input's last tokens may end inside a character (an earlier call stopped there):
+        # their text is decoded again with the tokens that complete it.
+        self.dangling, self.dangling_end = hanging, None
+        self.detok = Detokenizer(tokenizer, context[: len(context) - hanging])
+        for t in context[len(context) - hanging:]:
+            self.detok.step(t)
         self.ends: list[int] = []  # character ends, relative to the generated text
         self.text = ""
         self.pending = 0  # tokens waiting for the rest of an incomplete character
@@ -159,6 +166,8 @@ class _Row:
 
     def _extend(self, piece: str) -> None:
         self.text += piece
+        if self.dangling and self.dangling_end is None:
+            self.dangling_end = len(self.text)
         self.ends.extend([len(self.text)] * (self.pending + 1))
         self.pending = 0
 
@@ -167,7 +176,11 @@ class _Row:
         del self.tokens[keep:], self.steps[keep:], self.slots[keep:], self.ends[keep:]
         self.text = self.text[: self.ends[-1]] if self.ends else ""
         self.pending = 0
-        self.detok = Detokenizer(tokenizer, self.context + self.tokens)
+        self.detok = Detokenizer(tokenizer, self.context[: len(self.context) - self.dangling])
+        for t in self.context[len(self.context) - self.dangling:] + self.tokens:
+            self.detok.step(t)
+        if not self.text:
+            self.dangling_end = None
         if self.stop is not None and self.stop[1] > len(self.text):
             self.stop = None
         self.finished = False
@@ -263,8 +276,12 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
             matchers.append(HealMatcher(h, constraint.matcher() if constraint is not None else None, strings,
                                         tokenizer, len(tokenizer), eos, window))
     masks = RowMasks(constraint, n, model.vocab_size, len(tokenizer), eos, device, matchers)
-    state = [_Row(r, rows.real_ids(r), tokenizer, bans.matcher() if bans is not None else None, len(healed[r]))
-             for r in range(n)]
+    hanging = [dangling(tokenizer, rows.real_ids(r)) for r in range(n)]
+    state = [_Row(r, rows.real_ids(r), tokenizer, bans.matcher() if bans is not None else None, len(healed[r]),
+                  hanging[r]) for r in range(n)]
+    # Text and token ends before this call; a dangling character's old (replacement) text goes.
+    base_text = [t[: e[-h - 1] if len(e) > h else 0] if h else t for t, e, h in zip(rows.texts, rows.ends, hanging)]
+    base_ends = [e[: len(e) - h] for e, h in zip(rows.ends, hanging)]
     for r in range(n):
         state[r].finished = masks.done(r)
     room = model.max_length - int(rows.attention_mask.sum(1).max())
@@ -394,12 +411,13 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
     if columns:
         token_ids = torch.cat([token_ids, torch.tensor(columns, dtype=torch.long).T], 1)
         host_mask = torch.cat([host_mask, torch.tensor(reals, dtype=torch.long).T], 1)
-    texts = [rows.texts[row.origin] + row.text for row in state]
-    ends = [rows.ends[row.origin] + tuple(len(rows.texts[row.origin]) + e for e in row.ends)
-            for row in state]
+    texts = [base_text[row.origin] + row.text for row in state]
+    ends = [base_ends[row.origin]
+            + (len(base_text[row.origin]) + (row.dangling_end if row.dangling_end is not None else len(row.text)),)
+            * row.dangling + tuple(len(base_text[row.origin]) + e for e in row.ends) for row in state]
     out = Rows(token_ids, host_mask, cache, tuple(texts), tuple(ends), logits, tuple(logits_ok), rows.pad)
     # Trim columns no row uses, and cut rows whose last token ran past a stop string.
-    cuts = [len(rows.texts[row.origin]) + row.stop[1] if row.stop else len(texts[r])
+    cuts = [len(base_text[row.origin]) + row.stop[1] if row.stop else len(texts[r])
             for r, row in enumerate(state)]
     if any(c < len(t) for c, t in zip(cuts, texts)):
         out = out.with_text(tokenizer, cuts, [""] * n)

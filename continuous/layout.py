@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["Rows", "encode", "retokenize", "Detokenizer", "interior_holes"]
+__all__ = ["Rows", "encode", "retokenize", "interior_holes"]
 
 
 def encode(tokenizer, text: str, special: bool) -> tuple[list[int], list[int]]:
@@ -83,50 +83,6 @@ def retokenize(tokenizer, ids: Sequence[int], ends: Sequence[int], text: str, cu
     # own split): re-encode from the last old token boundary before it.
     new_ids, new_ends = encode(tokenizer, text[end_kept:cut] + suffix, special=False)
     return keep, new_ids, [end_kept + e for e in new_ends]
-
-
-class Detokenizer:
-    """Incremental decoding of one row's new tokens into text pieces.
-
-    A piece is held back while the text ends in an incomplete UTF-8 sequence; the
-    tokens that made it *pending* get the character end of the token that completes it,
-    so a character slice never keeps half a character.
-    """
-
-    def __init__(self, tokenizer, context: Sequence[int]):
-        self.tokenizer = tokenizer
-        self.ids = list(context[-6:])
-        self.prefix = 0
-        self.read = len(self.ids)
-
-    def _decode(self, ids) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-    def step(self, token_id: int, final: bool = False) -> str | None:
-        """The text the token adds, or ``None`` while the text is an incomplete character."""
-        self.ids.append(token_id)
-        return self.flush() if final else self._piece(False)
-
-    def copy(self) -> "Detokenizer":
-        """An independent detokenizer at the same point."""
-        new = Detokenizer.__new__(Detokenizer)
-        new.__dict__.update(self.__dict__, ids=list(self.ids))
-        return new
-
-    def flush(self) -> str:
-        """Whatever text is held back, with replacement characters for incomplete bytes."""
-        return self._piece(True) or ""
-
-    def _piece(self, force: bool) -> str | None:
-        before = self._decode(self.ids[self.prefix : self.read])
-        now = self._decode(self.ids[self.prefix :])
-        if now.endswith("\ufffd") and not force:
-            return None
-        if len(self.ids) == self.read:
-            return ""
-        piece = now[len(before):] if now.startswith(before) else now
-        self.prefix, self.read = self.read, len(self.ids)
-        return piece
 
 
 def interior_holes(mask: torch.Tensor) -> bool:
