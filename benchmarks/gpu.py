@@ -173,25 +173,13 @@ def main():
 
 
 def multiturn(hf, tok, model, args, device):
-    import outlines
+    from multiturn import competitors
 
-    from multiturn import Answer, ideal_turns, run_turns
-    from continuous.guides import build_index
-
-    system_tokens, turns, msg_tokens, max_tokens = (64, 2, 16, 8) if args.quick else (1024, 8, 64, 16)
-    system = random_text(tok, system_tokens, seed=1)
-    messages = [f"\nUser: {random_text(tok, msg_tokens - 6, seed=10 + i)}\nAssistant:" for i in range(turns)]
-    gen = continuous(generate.json(model, Answer))
-    index = build_index(gen.generator.regex, tok)
-    o_gen = outlines.Generator(outlines.from_transformers(hf, tok), Answer)
-    o_gen("warm up", max_new_tokens=2)
-    seconds = {"continuous": [], "ideal": [], "outlines": []}
+    runs, _ = competitors(hf, tok, model, args.quick)
+    seconds = {name: [] for name in runs}
     for _ in range(args.reps):
-        seconds["continuous"].append(clock(device, lambda: run_turns(
-            lambda h, m: gen(h + m, max_tokens=max_tokens), system, messages))[1])
-        seconds["ideal"].append(clock(device, lambda: ideal_turns(hf, tok, index, system, messages, max_tokens))[1])
-        seconds["outlines"].append(clock(device, lambda: run_turns(
-            lambda h, m: h + m + o_gen(h + m, max_new_tokens=max_tokens), system, messages))[1])
+        for name, run in runs.items():
+            seconds[name].append(clock(device, run)[1])
     return {k: median(v) for k, v in seconds.items()}
 
 
