@@ -205,7 +205,11 @@ def _compiled(kind: str, source: str, options: str, tokenizer, make_grammar) -> 
 
 
 def schema_text(schema) -> str:
-    """A JSON schema given as ``dict`` or ``str`` (or a boolean schema), as canonical text."""
+    """A JSON schema given as ``dict`` or ``str`` (or a boolean schema), as text.
+
+    Keys keep their order: llguidance emits object properties in the order of
+    ``properties``, so sorting them would reject documents written in schema order.
+    """
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -213,7 +217,7 @@ def schema_text(schema) -> str:
             raise ValueError(f"the JSON schema string is not valid JSON: {exc}") from exc
     if not isinstance(schema, (dict, bool)):
         raise TypeError(f"a JSON schema is a dict, a bool or a JSON string, not {type(schema).__name__}")
-    return json.dumps(schema, sort_keys=True)
+    return json.dumps(schema)
 
 
 def json_schema(schema, tokenizer, whitespace_pattern: str | None = None) -> LLGuidanceConstraint:
