@@ -81,18 +81,13 @@ def load_cases(data: str | None, per_split: int | None, seed: int = 0) -> list[t
     path = Path(data) if data else _default_archive()
     if path.is_dir():
         files = {p.name: p for p in sorted(path.rglob("*.json")) if _is_case(p.name)}
-        read = lambda name: json.loads(files[name].read_text())  # noqa: E731
         names = sorted(files)
-        tar = None
     else:
-        tar = tarfile.open(path)
-        members = {}
-        for m in tar.getmembers():
+        with tarfile.open(path) as tar:
             # In the repository's tarball only maskbench/data holds cases.
-            if m.isfile() and _is_case(m.name) and ("maskbench/" not in m.name or "/maskbench/data/" in m.name):
-                members[m.name.rsplit("/", 1)[-1]] = m
-        names = sorted(members)
-        read = lambda name: json.loads(tar.extractfile(members[name]).read())  # noqa: E731
+            names = sorted(m.name.rsplit("/", 1)[-1] for m in tar
+                           if m.isfile() and _is_case(m.name)
+                           and ("maskbench/" not in m.name or "/maskbench/data/" in m.name))
     if not names:
         raise SystemExit(f"no <Split>---<id>.json files in {path}")
     splits = collections.defaultdict(list)
@@ -103,10 +98,18 @@ def load_cases(data: str | None, per_split: int | None, seed: int = 0) -> list[t
     for split in sorted(splits):
         group = splits[split]
         chosen += group if per_split is None or per_split >= len(group) else sorted(rng.sample(group, per_split))
-    cases = [(name, read(name)) for name in chosen]
-    if tar is not None:
-        tar.close()
-    return cases
+    if path.is_dir():
+        found = {name: json.loads(files[name].read_text()) for name in chosen}
+    else:
+        # One sequential pass: a member read out of order makes gzip start again from the top.
+        wanted, found = set(chosen), {}
+        with tarfile.open(path, mode="r|gz") as tar:
+            for m in tar:
+                base = m.name.rsplit("/", 1)[-1]
+                if m.isfile() and base in wanted and base not in found and _is_case(m.name) \
+                        and ("maskbench/" not in m.name or "/maskbench/data/" in m.name):
+                    found[base] = json.loads(tar.extractfile(m).read())
+    return [(name, found[name]) for name in chosen]
 
 
 # ---------------------------------------------------------------------- workers
