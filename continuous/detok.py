@@ -1,0 +1,146 @@
+"""Incremental detokenization: the text each new token adds, built on tokenizers' DecodeStream.
+
+The invariant (tests/test_detok.py): the pieces of a row, once flushed, concatenate to
+``decode(context + ids)`` minus ``decode(context)``, even when a token splits a
+multi-byte character (byte-fallback vocabularies) or when the tokenizer's decoder
+treats the first token of a sequence differently (SentencePiece strips its space).
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+from typing import Sequence
+
+from tokenizers.decoders import DecodeStream
+
+__all__ = ["Detokenizer", "backend_of"]
+
+# Tokens of context the stream is primed with. A few are enough for every decoder we
+# know (SentencePiece's leading space, byte fallback's 4-byte characters), and a short
+# prefix keeps each step's decode short however long the text is.
+_CONTEXT = 8
+
+
+def backend_of(tokenizer):
+    """The ``tokenizers.Tokenizer`` behind a transformers tokenizer (or the object itself).
+
+    Raises
+    ------
+    TypeError
+        When the tokenizer has no tokenizers backend (a "slow" Python tokenizer).
+    """
+    backend = getattr(tokenizer, "_tokenizer", tokenizer)
+    if not hasattr(backend, "decode_batch"):
+        raise TypeError(f"{type(tokenizer).__name__} has no `tokenizers` backend (`_tokenizer`): "
+                        "load the model's fast tokenizer (use_fast=True)")
+    return backend
+
+
+_BYTE_TOKENS: dict[int, frozenset[int]] = {}
+
+
+def _byte_tokens(backend) -> frozenset[int]:
+    """The ids of a byte-fallback vocabulary's ``<0xXX>`` tokens (none for byte-level BPE)."""
+    key = id(backend)
+    if key not in _BYTE_TOKENS:
+        found = (backend.token_to_id(f"<0x{b:02X}>") for b in range(256))
+        _BYTE_TOKENS[key] = frozenset(i for i in found if i is not None)
+    return _BYTE_TOKENS[key]
+
+
+class Detokenizer:
+    """The text that each new token of one row adds.
+
+    Parameters
+    ----------
+    tokenizer
+        A transformers tokenizer with a fast backend, or a ``tokenizers.Tokenizer``.
+    context_ids
+        The row's ids before the first new token: they decide how the first new token
+        decodes (a SentencePiece word's space, the rest of a split character).
+    """
+
+    def __init__(self, tokenizer, context_ids: Sequence[int]):
+        self._backend = backend_of(tokenizer)
+        self._bytes = _byte_tokens(self._backend)
+        self._done = [int(i) for i in list(context_ids)[-_CONTEXT:]]  # ids whose text was given out
+        self._pending: list[int] = []  # ids since the last piece (an incomplete character)
+        self._stream = self._new_stream()
+
+    def _new_stream(self) -> DecodeStream | None:
+        # A stream primed with text that ends inside a character gives out the primed
+        # text again once the character is completed (or replaced): decode by hand
+        # until the next piece.
+        if self._decode(self._done).endswith("\ufffd"):
+            return None
+        return DecodeStream(ids=self._done, skip_special_tokens=False)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._backend.decode(ids, skip_special_tokens=False)
+
+    def step(self, token_id: int) -> str | None:
+        """Add a token.
+
+        Returns
+        -------
+        str or None
+            The text the token adds (with any held-back tokens before it), or ``None``
+            while the text ends inside a character; :meth:`flush` gives that text.
+        """
+        token_id = int(token_id)
+        self._pending.append(token_id)
+        if self._is_byte(token_id):
+            # A byte-fallback decoder decodes a run of byte tokens together, and writes
+            # the whole run as replacement characters when it is not valid UTF-8: a
+            # byte may still change the text of the bytes before it, so hold the run.
+            return None
+        if len(self._pending) > 1 or self._stream is None:
+            return self._emit(force=False)
+        try:
+            piece = self._stream.step(self._backend, token_id)
+        except Exception:
+            # The decode no longer extends the primed text (e.g. the context ended
+            # inside a character that this token completes): hand out what is new.
+            return self._emit(force=False)
+        if piece is not None:
+            self._advance()
+        return piece
+
+    def flush(self) -> str:
+        """The text of the held-back tokens, incomplete bytes as replacement characters."""
+        return self._emit(force=True) or ""
+
+    def copy(self) -> "Detokenizer":
+        """An independent copy (for rows that fork or beams that reorder)."""
+        new = Detokenizer.__new__(Detokenizer)
+        new._backend = self._backend
+        new._bytes = self._bytes
+        new._done = list(self._done)
+        new._pending = list(self._pending)
+        new._stream = _copy.copy(self._stream) if self._stream is not None else None
+        return new
+
+    def _is_byte(self, token_id: int) -> bool:
+        return token_id in self._bytes
+
+    def _emit(self, force: bool) -> str | None:
+        if not self._pending:
+            return ""
+        before = self._decode(self._done)
+        now = self._decode(self._done + self._pending)
+        if now.endswith("\ufffd") and not force:
+            return None
+        # The common prefix, not ``before``, is what stays: a decoder may rewrite the
+        # end of the old text (a completed character), and text already given out
+        # cannot be taken back.
+        keep = 0
+        while keep < min(len(before), len(now)) and before[keep] == now[keep]:
+            keep += 1
+        piece = now[keep:]
+        self._advance()
+        self._stream = self._new_stream()
+        return piece
+
+    def _advance(self) -> None:
+        self._done = (self._done + self._pending)[-_CONTEXT:]
+        self._pending = []
