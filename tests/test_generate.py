@@ -159,3 +159,57 @@ def test_beam_search_under_a_constraint_with_few_allowed_tokens(model):
     assert torch.isfinite(state.weights[:, 0]).all()
     choice = continuous(generate.choice(model, ["yes", "no"], samplers.beam_search(3)))("Q?")
     assert set(choice.value) <= {"yes", "no", None} and choice.value[0] in ("yes", "no")
+
+
+# ---------------------------------------------------------------- issue 9, item 2
+CUT_SHORT = [
+    ("choice", lambda m: generate.choice(m, ["alphabetically", "betamaxes"]), 1),
+    ("regex", lambda m: generate.regex(m, r"[a-z]{12}"), 2),
+    ("format bool", lambda m: generate.format(m, bool), 1),
+    ("format date", lambda m: generate.format(m, dt.date), 2),
+    ("json", lambda m: generate.json(m, Person, whitespace_pattern=WS), 3),
+]
+
+
+@pytest.mark.parametrize("name, build, max_tokens", CUT_SHORT, ids=[c[0] for c in CUT_SHORT])
+def test_value_of_a_constraint_cut_short_raises(model, name, build, max_tokens):
+    gen = build(model)
+    state = continuous(gen)("Answer:", max_tokens=max_tokens)
+    generated = state._values[0]
+    assert re.fullmatch(gen.regex, generated) is None  # the call was indeed cut short
+    with pytest.raises(ValueError, match="cut short|does not parse"):
+        state.value
+    # The state stays usable: it prints, and it continues.
+    assert str(state).endswith(generated)
+    more = continuous(generate.text(model))(state, max_tokens=2)
+    assert str(more).startswith(str(state))
+
+
+def test_value_of_a_complete_match_parses(model):
+    state = continuous(generate.choice(model, ["alphabetically", "betamaxes"]))("Answer:")
+    assert state.value in ("alphabetically", "betamaxes")
+
+
+# ---------------------------------------------------------------- issue 9, item 6
+def test_bad_generator_arguments_fail_when_built(model):
+    with pytest.raises(TypeError, match="continuous.models"):
+        generate.text("path/to/model")
+    with pytest.raises(TypeError, match="continuous.models"):
+        generate.choice("gpt2", ["a", "b"])
+    with pytest.raises(TypeError, match="list"):
+        generate.choice(model, (c for c in ["a", "b"]))
+    with pytest.raises(TypeError, match="list"):
+        generate.choice(model, {"a", "b"})
+
+    class Empty(enum.Enum):
+        pass
+
+    with pytest.raises(ValueError, match="at least one"):
+        generate.choice(model, Empty)
+    with pytest.raises(ValueError, match="at least one"):
+        generate.choice(model, [])
+    for pattern in (r"^[a-z]+$", r"^abc", r"abc$", r"(a|^b)", r"\Aab\Z"):
+        with pytest.raises(ValueError, match="anchors"):
+            generate.regex(model, pattern)
+    # An escaped dollar is text, not an anchor.
+    assert generate.regex(model, r"\$[0-9]{2}").regex == r"\$[0-9]{2}"
