@@ -219,3 +219,109 @@ def test_bad_generator_arguments_fail_when_built(model):
             generate.regex(model, pattern)
     # An escaped dollar is text, not an anchor.
     assert generate.regex(model, r"\$[0-9]{2}").regex == r"\$[0-9]{2}"
+
+
+# ---------------------------------------------------------------- issue 9, item 3
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from continuous.generate.json import DATE, integer_range  # noqa: E402
+
+bounds = st.one_of(st.none(), st.integers(-10**12, 10**12))
+
+
+@settings(max_examples=300, deadline=None)
+@given(low=bounds, high=bounds, probes=st.lists(st.integers(-10**13, 10**13), max_size=20))
+def test_integer_range_regex_is_exact(low, high, probes):
+    if low is not None and high is not None and low > high:
+        low, high = high, low
+    pattern = re.compile(integer_range(low, high))
+    near = [b + d for b in (low, high, 0) if b is not None for d in (-1, 0, 1)]
+    for n in probes + near:
+        inside = (low is None or n >= low) and (high is None or n <= high)
+        assert bool(pattern.fullmatch(str(n))) == inside, (low, high, n)
+    assert not pattern.fullmatch("-0") and not pattern.fullmatch("007")
+
+
+def _doc_matches(gen, value):
+    return re.fullmatch(gen.regex, json.dumps({"n": value}, separators=(",", ":"))) is not None
+
+
+@pytest.mark.parametrize("node, inside, outside", [
+    ({"minimum": 100, "maximum": 100000}, [100, 5000, 100000], [794444, -5, 99, 100001, 0]),
+    ({"minimum": 10}, [10, 11, 10**15], [9, 0, -10]),
+    ({"maximum": -3}, [-3, -10**12], [-2, 0, 5]),
+    ({"minimum": 1.5}, [2, 3], [1, 0, -2]),
+    ({"exclusiveMinimum": 2, "exclusiveMaximum": 5}, [3, 4], [2, 5]),
+    ({"exclusiveMaximum": 2.5}, [2, -7], [3]),
+    ({"minimum": 3, "exclusiveMinimum": True, "maximum": 7, "exclusiveMaximum": True}, [4, 6], [3, 7]),
+    ({"minimum": -20, "maximum": -10}, [-20, -15, -10], [-21, -9, 0, 15]),
+])
+def test_json_integer_bounds_are_exact_in_the_constraint(model, node, inside, outside):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", **node}}, "required": ["n"]}
+    if any(isinstance(v, bool) for v in node.values()):  # boolean exclusive bounds are draft 4's
+        schema["$schema"] = "http://json-schema.org/draft-04/schema#"
+    gen = generate.json(model, schema, whitespace_pattern=WS)
+    assert all(_doc_matches(gen, v) for v in inside)
+    assert not any(_doc_matches(gen, v) for v in outside)
+
+
+def test_pydantic_integer_bounds_are_exact_in_the_constraint(model):
+    class Big(BaseModel):
+        n: int = Field(ge=100, le=100000)
+
+    gen = generate.json(model, Big, whitespace_pattern=WS)
+    assert _doc_matches(gen, 100000) and not _doc_matches(gen, 794444) and not _doc_matches(gen, -5)
+
+
+def test_json_value_is_validated_where_the_regex_cannot_say_it(model):
+    schema = {"type": "object", "properties": {"x": {"type": "number", "minimum": 1.5},
+                                                "k": {"type": "integer", "multipleOf": 3}},
+              "required": ["x", "k"]}
+    gen = generate.json(model, schema, whitespace_pattern=WS)
+    assert gen.parse('{"x":2.5,"k":9}') == {"x": 2.5, "k": 9}
+    for bad in ('{"x":1.0,"k":9}', '{"x":2,"k":4}'):
+        assert re.fullmatch(gen.regex, bad)  # the constraint lets it through...
+        with pytest.raises(ValueError, match="breaks the schema"):  # ...the value does not
+            gen.parse(bad)
+
+
+def test_a_generated_json_number_is_checked_on_value(model):
+    schema = {"type": "object", "properties": {"x": {"type": "number", "maximum": -1e9}}, "required": ["x"]}
+    gen = continuous(generate.json(model, schema, samplers.multinomial(4), whitespace_pattern=WS))
+    state = gen("JSON:", max_tokens=30, seed=0)
+    for s, text in enumerate(state._values):
+        x = json.loads(text)["x"] if re.fullmatch(gen.generator.regex, text) else None
+        row = state[0, s, :]
+        if x is not None and x <= -1e9:
+            assert row.value == {"x": x}
+        else:
+            with pytest.raises(ValueError):
+                row.value
+
+
+def test_dates_are_real_calendar_dates():
+    pattern = re.compile(DATE)
+    for year in (1, 4, 100, 400, 1900, 1999, 2000, 2023, 2024, 2100, 9996, 9999):
+        for month in range(0, 14):
+            for day in range(0, 33):
+                text = f"{year:04d}-{month:02d}-{day:02d}"
+                try:
+                    dt.date(year, month, day)
+                    real = True
+                except ValueError:
+                    real = False
+                assert bool(pattern.fullmatch(text)) == real, text
+    assert not pattern.fullmatch("0000-01-01")
+
+
+@pytest.mark.parametrize("build, text", [
+    (lambda m: generate.format(m, dt.date), "2023-02-29"),
+    (lambda m: generate.format(m, dt.datetime), "2023-04-31 10:00:00"),
+    (lambda m: generate.json(m, {"type": "string", "format": "date"}), '"2100-02-29"'),
+    (lambda m: generate.json(m, {"type": "string", "format": "date-time"}), '"2023-02-30T10:00:00"'),
+])
+def test_impossible_dates_are_not_in_the_constraint(model, build, text):
+    gen = build(model)
+    assert re.fullmatch(gen.regex, text) is None
+    assert re.fullmatch(gen.regex, text.replace("-29", "-28").replace("-31", "-30").replace("-30T", "-28T"))
