@@ -1,87 +1,161 @@
-"""Incremental detokenization on tokenizers' ``DecodeStream``.
+"""Incremental detokenization: the text each new token adds, built on tokenizers' DecodeStream.
 
-A token may hold part of a character (byte-fallback SentencePiece, byte-level BPE):
-its text is held back until a later token completes the character. The stream is
-primed with the row's last tokens, so spacing rules that depend on the previous token
-(SentencePiece's leading space) come out as a whole-text decode gives them.
+The invariant (tests/test_detok.py): the pieces of a row, once flushed, concatenate to
+``decode(context + ids)`` minus ``decode(context)``, even when a token splits a
+multi-byte character (byte-fallback vocabularies) or when the tokenizer's decoder
+treats the first token of a sequence differently (SentencePiece strips its space).
 """
 
 from __future__ import annotations
 
+import copy as _copy
 from typing import Sequence
 
 from tokenizers.decoders import DecodeStream
 
-__all__ = ["Detokenizer", "dangling"]
+__all__ = ["Detokenizer", "backend_of", "dangling"]
 
-#: Context tokens given to the stream: enough for any spacing rule, and for a character
-#: whose bytes are spread over the last tokens (4 bytes at most).
+# Tokens of context the stream is primed with. A few are enough for every decoder we
+# know (SentencePiece's leading space, byte fallback's 4-byte characters), and a short
+# prefix keeps each step's decode short however long the text is.
 _CONTEXT = 8
 
 
-def _backend(tokenizer):
-    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
-    if backend is None:
-        raise TypeError("continuous needs a fast (Rust) tokenizer")
+def backend_of(tokenizer):
+    """The ``tokenizers.Tokenizer`` behind a transformers tokenizer (or the object itself).
+
+    Raises
+    ------
+    TypeError
+        When the tokenizer has no tokenizers backend (a "slow" Python tokenizer).
+    """
+    backend = getattr(tokenizer, "_tokenizer", tokenizer)
+    if not hasattr(backend, "decode_batch"):
+        raise TypeError(f"{type(tokenizer).__name__} has no `tokenizers` backend (`_tokenizer`): "
+                        "load the model's fast tokenizer (use_fast=True)")
     return backend
 
 
+_BYTE_TOKENS: dict[int, frozenset[int]] = {}
+
+
+def _byte_tokens(backend) -> frozenset[int]:
+    """The ids of a byte-fallback vocabulary's ``<0xXX>`` tokens (none for byte-level BPE)."""
+    key = id(backend)
+    if key not in _BYTE_TOKENS:
+        found = (backend.token_to_id(f"<0x{b:02X}>") for b in range(256))
+        _BYTE_TOKENS[key] = frozenset(i for i in found if i is not None)
+    return _BYTE_TOKENS[key]
+
+
 class Detokenizer:
-    """The text each new token adds to a row, after its ``context`` tokens.
+    """The text that each new token of one row adds.
 
     Parameters
     ----------
     tokenizer
-        A fast HF tokenizer.
-    context
-        The row's tokens so far (only the last few are read).
+        A transformers tokenizer with a fast backend, or a ``tokenizers.Tokenizer``.
+    context_ids
+        The row's ids before the first new token: they decide how the first new token
+        decodes (a SentencePiece word's space, the rest of a split character).
     """
 
-    def __init__(self, tokenizer, context: Sequence[int]):
-        self.tokenizer = tokenizer
-        self.backend = _backend(tokenizer)
-        self.ids = list(context[-_CONTEXT:])  # context, then every token stepped
-        self.pending = 0  # stepped tokens whose text is not out yet
-        self.stream = DecodeStream(ids=self.ids, skip_special_tokens=False)
+    def __init__(self, tokenizer, context_ids: Sequence[int]):
+        self._backend = backend_of(tokenizer)
+        self._bytes = _byte_tokens(self._backend)
+        self._done = [int(i) for i in list(context_ids)[-_CONTEXT:]]  # ids whose text was given out
+        self._pending: list[int] = []  # ids since the last piece (an incomplete character)
+        self._stream = self._new_stream()
+
+    def _new_stream(self) -> DecodeStream | None:
+        # A stream primed with text that ends inside a character gives out the primed
+        # text again once the character is completed (or replaced): decode by hand
+        # until the next piece.
+        if self._decode(self._done).endswith("\ufffd"):
+            return None
+        return DecodeStream(ids=self._done, skip_special_tokens=False)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._backend.decode(ids, skip_special_tokens=False)
 
     def step(self, token_id: int) -> str | None:
-        """The text the token adds, or ``None`` while it ends inside a character."""
-        self.ids.append(token_id)
-        piece = self.stream.step(self.backend, token_id)
-        self.pending = 0 if piece is not None else self.pending + 1
+        """Add a token.
+
+        Returns
+        -------
+        str or None
+            The text the token adds (with any held-back tokens before it), or ``None``
+            while the text ends inside a character; :meth:`flush` gives that text.
+        """
+        token_id = int(token_id)
+        self._pending.append(token_id)
+        if self._is_byte(token_id):
+            # A byte-fallback decoder decodes a run of byte tokens together, and writes
+            # the whole run as replacement characters when it is not valid UTF-8: a
+            # byte may still change the text of the bytes before it, so hold the run.
+            return None
+        if len(self._pending) > 1 or self._stream is None:
+            return self._emit(force=False)
+        try:
+            piece = self._stream.step(self._backend, token_id)
+        except Exception:
+            # The decode no longer extends the primed text (e.g. the context ended
+            # inside a character that this token completes): hand out what is new.
+            return self._emit(force=False)
+        if piece is not None:
+            self._advance()
         return piece
 
     def flush(self) -> str:
-        """The held-back bytes as a whole-text decode shows them (replacement characters)."""
-        if not self.pending:
-            return ""
-        held = self.ids[-self.pending:]
-        before = self.ids[: -self.pending]
-        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False,  # noqa: E731
-                                                   clean_up_tokenization_spaces=False)
-        whole, head = decode(before + held), decode(before)
-        self.pending = 0
-        self.stream = DecodeStream(ids=self.ids[-_CONTEXT:], skip_special_tokens=False)
-        return whole[len(head):] if whole.startswith(head) else decode(held)
+        """The text of the held-back tokens, incomplete bytes as replacement characters."""
+        return self._emit(force=True) or ""
 
     def copy(self) -> "Detokenizer":
-        """An independent detokenizer at the same point."""
+        """An independent copy (for rows that fork or beams that reorder)."""
         new = Detokenizer.__new__(Detokenizer)
-        new.tokenizer, new.backend, new.ids, new.pending = self.tokenizer, self.backend, list(self.ids), self.pending
-        start = len(new.ids) - new.pending
-        new.stream = DecodeStream(ids=new.ids[max(0, start - _CONTEXT):start], skip_special_tokens=False)
-        for t in new.ids[start:]:
-            new.stream.step(new.backend, t)
+        new._backend = self._backend
+        new._bytes = self._bytes
+        new._done = list(self._done)
+        new._pending = list(self._pending)
+        new._stream = _copy.copy(self._stream) if self._stream is not None else None
         return new
+
+    def _is_byte(self, token_id: int) -> bool:
+        return token_id in self._bytes
+
+    def _emit(self, force: bool) -> str | None:
+        if not self._pending:
+            return ""
+        before = self._decode(self._done)
+        now = self._decode(self._done + self._pending)
+        if now.endswith("\ufffd") and not force:
+            return None
+        # The common prefix, not ``before``, is what stays: a decoder may rewrite the
+        # end of the old text (a completed character), and text already given out
+        # cannot be taken back.
+        keep = 0
+        while keep < min(len(before), len(now)) and before[keep] == now[keep]:
+            keep += 1
+        piece = now[keep:]
+        self._advance()
+        self._stream = self._new_stream()
+        return piece
+
+    def _advance(self) -> None:
+        self._done = (self._done + self._pending)[-_CONTEXT:]
+        self._pending = []
 
 
 def dangling(tokenizer, context: Sequence[int]) -> int:
-    """How many last tokens of ``context`` end inside a character (their text is not out yet)."""
-    ids = list(context[-2 * _CONTEXT:])
+    """How many last tokens of ``context`` end inside a character (their text is not out yet).
+
+    A call that stopped there flushed them as replacement characters; the next call
+    decodes them again with the tokens that complete the character.
+    """
+    ids = [int(i) for i in list(context)[-2 * _CONTEXT:]]
     split = max(0, len(ids) - _CONTEXT)
-    stream = DecodeStream(ids=ids[:split], skip_special_tokens=False)
-    backend = _backend(tokenizer)
+    detok = Detokenizer(tokenizer, ids[:split])
     held = 0
     for t in ids[split:]:
-        held = 0 if stream.step(backend, t) is not None else held + 1
+        held = 0 if detok.step(t) is not None else held + 1
     return held

@@ -8,11 +8,58 @@ log-probabilities of the sampled tokens under the distribution actually sampled 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Sampler", "Greedy", "Multinomial", "BeamSearch", "greedy", "multinomial", "beam_search"]
+__all__ = ["Sampler", "Greedy", "Multinomial", "BeamSearch", "greedy", "multinomial", "beam_search",
+           "check_seed"]
+
+
+def _check_count(value, name: str) -> None:
+    # bool is an int subclass, and a float or str would only fail inside torch later.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _check_real(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return float(value)
+
+
+def check_seed(seed) -> int | None:
+    """Check a ``seed`` argument: ``None`` or an int that ``torch.Generator.manual_seed`` takes.
+
+    Parameters
+    ----------
+    seed
+        The seed given to a call.
+
+    Returns
+    -------
+    int or None
+        The seed, unchanged.
+
+    Raises
+    ------
+    TypeError
+        When the seed is not an int (a bool, a float, a str).
+    ValueError
+        When it does not fit in 64 bits (torch takes ``-2**63 <= seed < 2**64``).
+    """
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
+    if not -(2**63) <= seed < 2**64:
+        raise ValueError(f"seed must fit in 64 bits (-2**63 <= seed < 2**64), got {seed}")
+    return seed
 
 
 class Sampler:
@@ -39,6 +86,9 @@ class Greedy(Sampler):
 
     samples: int = 1
 
+    def __post_init__(self):
+        _check_count(self.samples, "samples")
+
     def __call__(self, logits, weights, rng=None):
         logprobs = torch.log_softmax(logits, dim=-1)
         ids = logprobs.argmax(dim=-1)
@@ -56,13 +106,12 @@ class Multinomial(Sampler):
     temperature: float = 1.0
 
     def __post_init__(self):
-        if self.samples < 1:
-            raise ValueError(f"samples must be >= 1, got {self.samples}")
-        if self.temperature <= 0:
+        _check_count(self.samples, "samples")
+        if _check_real(self.temperature, "temperature") <= 0:
             raise ValueError(f"temperature must be > 0 (use samplers.greedy() for 0), got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
+        if self.top_k is not None:
+            _check_count(self.top_k, "top_k")
+        if self.top_p is not None and not 0 < _check_real(self.top_p, "top_p") <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
@@ -100,8 +149,7 @@ class BeamSearch(Sampler):
     joint = True
 
     def __post_init__(self):
-        if self.samples < 1:
-            raise ValueError(f"beams must be >= 1, got {self.samples}")
+        _check_count(self.samples, "beams")
 
     @property
     def beams(self) -> int:

@@ -46,28 +46,58 @@ class SequenceState:
     batch_size, num_samples, model
     """
 
-    __slots__ = ("_rows", "weights", "batch_size", "num_samples", "model", "_values", "_parse")
+    __slots__ = ("_rows", "_weights", "batch_size", "num_samples", "model", "_values", "_parse")
 
     def __init__(self, model, rows: Rows, weights: torch.Tensor, batch_size: int, num_samples: int,
                  values: Sequence[str] | None = None, parse: Callable[[str], Any] | None = None):
         if rows.n_rows != batch_size * num_samples:
             raise ValueError(f"{rows.n_rows} rows is not {batch_size} prompts x {num_samples} samples")
-        self._rows = rows
-        self.weights = weights.reshape(batch_size, num_samples)
-        self.batch_size = batch_size
-        self.num_samples = num_samples
-        self.model = model
-        self._values = tuple(values) if values is not None else None
-        self._parse = parse
+        init = object.__setattr__  # attributes are read-only once built (__setattr__ below)
+        init(self, "_rows", rows)
+        init(self, "_weights", weights.reshape(batch_size, num_samples))
+        init(self, "batch_size", batch_size)
+        init(self, "num_samples", num_samples)
+        init(self, "model", model)
+        init(self, "_values", tuple(values) if values is not None else None)
+        init(self, "_parse", parse)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"a SequenceState is a value: its attribute {name!r} cannot be set "
+                             "(build a new state by slicing, adding or generating)")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"a SequenceState is a value: its attribute {name!r} cannot be deleted")
+
+    # A state is a value, so a copy may be the state itself (as for str and tuple); it
+    # keeps its model and cache, and every tensor it exposes is a fresh copy.
+    def __copy__(self) -> "SequenceState":
+        return self
+
+    def __deepcopy__(self, memo) -> "SequenceState":
+        return self
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("a SequenceState cannot be pickled: it holds the model and its KV cache. "
+                        "Pickle its text (list(state)), token_ids or value instead, and rebuild a state "
+                        "by calling a generator on the text")
 
     # ------------------------------------------------------------------ reading
+    # Tensors are shared between states (a slice or a sum reuses its operand's), so
+    # each property gives a copy: changing it in place cannot change any state.
+    @property
+    def weights(self) -> torch.Tensor:
+        """``[batch_size, num_samples]`` cumulative log-probability of the generated tokens (a copy)."""
+        return self._weights.clone()
+
     @property
     def token_ids(self) -> torch.Tensor:
-        return self._rows.token_ids
+        """``[rows, length]`` token ids, padded (a copy)."""
+        return self._rows.token_ids.clone()
 
     @property
     def attention_mask(self) -> torch.Tensor:
-        return self._rows.attention_mask
+        """``[rows, length]``, 0 on padding and holes (a copy)."""
+        return self._rows.attention_mask.clone()
 
     @property
     def kv_cache(self):
@@ -105,12 +135,22 @@ class SequenceState:
         return shape_rows(parsed, self.batch_size, self.num_samples)
 
     def __iter__(self) -> Iterator[str]:
+        """The full text of each row, in row order."""
         return iter(self._rows.texts)
 
     def __len__(self) -> int:
-        if self._rows.n_rows != 1:
-            raise TypeError(f"len() of a state with {self._rows.n_rows} rows is ambiguous; use list(state)")
-        return len(self._rows.texts[0])
+        """The number of rows: what iteration yields (use ``len(str(state))`` for characters)."""
+        return self._rows.n_rows
+
+    def __contains__(self, text) -> bool:
+        """Whether some row's text contains ``text`` (for one row, as ``text in str(state)``)."""
+        if not isinstance(text, str):
+            raise TypeError(f"'in <SequenceState>' requires a str, not {type(text).__name__}")
+        return any(text in t for t in self._rows.texts)
+
+    def __bool__(self) -> bool:
+        """False only when every row's text is empty, as for ``str``."""
+        return any(self._rows.texts)
 
     def __str__(self) -> str:
         texts = self._rows.texts
@@ -128,7 +168,7 @@ class SequenceState:
 
     def _replace(self, rows: Rows, weights=None, batch_size=None, num_samples=None, values=...):
         return SequenceState(
-            self.model, rows, self.weights if weights is None else weights,
+            self.model, rows, self._weights if weights is None else weights,
             self.batch_size if batch_size is None else batch_size,
             self.num_samples if num_samples is None else num_samples,
             self._values if values is ... else values, self._parse,
@@ -145,7 +185,7 @@ class SequenceState:
         state = self
         if rows != list(range(self._rows.n_rows)):
             state = self._replace(
-                self._rows.select(rows), self.weights.reshape(-1)[rows], len(batches), len(samples),
+                self._rows.select(rows), self._weights.reshape(-1)[rows], len(batches), len(samples),
                 None if self._values is None else [self._values[r] for r in rows],
             )
         if isinstance(char_key, slice):
@@ -203,7 +243,7 @@ class SequenceState:
         rows = self._rows
         if isinstance(other, str):
             suffixes = [other] * rows.n_rows
-            weights = self.weights
+            weights = self._weights
         elif isinstance(other, list):
             if not all(isinstance(t, str) for t in other):
                 raise TypeError("a state can be added a str, a list of str or a SequenceState")
@@ -215,7 +255,7 @@ class SequenceState:
                 raise BatchMismatch(f"cannot add {len(other)} texts to a state of {self.batch_size} prompts "
                                     f"x {self.num_samples} samples: give one text per row "
                                     f"({rows.n_rows}) or per prompt ({self.batch_size})")
-            weights = self.weights
+            weights = self._weights
         elif isinstance(other, SequenceState):
             if other.model is not self.model:
                 raise ValueError("cannot add states of different models")
@@ -226,7 +266,7 @@ class SequenceState:
                 raise SampleMismatch(f"cannot add a state of {other.num_samples} samples to one of "
                                      f"{self.num_samples} samples")
             suffixes = list(other._rows.texts)
-            weights = self.weights + other.weights
+            weights = self._weights + other._weights
         else:
             return NotImplemented
         new = rows.with_text(self.model.tokenizer, [len(t) for t in rows.texts], suffixes)

@@ -82,9 +82,15 @@ def test_regex(model, pattern):
 
 @pytest.mark.parametrize("ptype", [int, float, bool, str, dt.date, dt.time, dt.datetime])
 def test_format(model, ptype):
-    state = continuous(generate.format(model, ptype, samplers.multinomial(2)))("Value:", max_tokens=40, seed=2)
-    for v in state.value:
-        assert isinstance(v, ptype)
+    gen = generate.format(model, ptype, samplers.multinomial(2))
+    state = continuous(gen)("Value:", max_tokens=40, seed=2)
+    if all(re.fullmatch(gen.regex, t) for t in state._values):
+        for v in state.value:
+            assert isinstance(v, ptype)
+    else:  # a random model may not close a string within max_tokens
+        assert ptype is str
+        with pytest.raises(ValueError, match="cut short"):
+            state.value
 
 
 def test_invalid_constraints_fail_when_built(model):
@@ -159,3 +165,163 @@ def test_beam_search_under_a_constraint_with_few_allowed_tokens(model):
     assert torch.isfinite(state.weights[:, 0]).all()
     choice = continuous(generate.choice(model, ["yes", "no"], samplers.beam_search(3)))("Q?")
     assert set(choice.value) <= {"yes", "no", None} and choice.value[0] in ("yes", "no")
+
+
+# ---------------------------------------------------------------- issue 9, item 2
+CUT_SHORT = [
+    ("choice", lambda m: generate.choice(m, ["alphabetically", "betamaxes"]), 1),
+    ("regex", lambda m: generate.regex(m, r"[a-z]{12}"), 2),
+    ("format bool", lambda m: generate.format(m, bool), 1),
+    ("format date", lambda m: generate.format(m, dt.date), 2),
+    ("json", lambda m: generate.json(m, Person, whitespace_pattern=WS), 3),
+]
+
+
+@pytest.mark.parametrize("name, build, max_tokens", CUT_SHORT, ids=[c[0] for c in CUT_SHORT])
+def test_value_of_a_constraint_cut_short_raises(model, name, build, max_tokens):
+    gen = build(model)
+    state = continuous(gen)("Answer:", max_tokens=max_tokens)
+    generated = state._values[0]
+    assert re.fullmatch(gen.regex, generated) is None  # the call was indeed cut short
+    with pytest.raises(ValueError, match="cut short|does not parse"):
+        state.value
+    # The state stays usable: it prints, and it continues.
+    assert str(state).endswith(generated)
+    more = continuous(generate.text(model))(state, max_tokens=2)
+    assert str(more).startswith(str(state))
+
+
+def test_value_of_a_complete_match_parses(model):
+    state = continuous(generate.choice(model, ["alphabetically", "betamaxes"]))("Answer:")
+    assert state.value in ("alphabetically", "betamaxes")
+
+
+# ---------------------------------------------------------------- issue 9, item 6
+def test_bad_generator_arguments_fail_when_built(model):
+    with pytest.raises(TypeError, match="continuous.models"):
+        generate.text("path/to/model")
+    with pytest.raises(TypeError, match="continuous.models"):
+        generate.choice("gpt2", ["a", "b"])
+    with pytest.raises(TypeError, match="list"):
+        generate.choice(model, (c for c in ["a", "b"]))
+    with pytest.raises(TypeError, match="list"):
+        generate.choice(model, {"a", "b"})
+
+    class Empty(enum.Enum):
+        pass
+
+    with pytest.raises(ValueError, match="at least one"):
+        generate.choice(model, Empty)
+    with pytest.raises(ValueError, match="at least one"):
+        generate.choice(model, [])
+    for pattern in (r"^[a-z]+$", r"^abc", r"abc$", r"(a|^b)", r"\Aab\Z"):
+        with pytest.raises(ValueError, match="anchors"):
+            generate.regex(model, pattern)
+    # An escaped dollar is text, not an anchor.
+    assert generate.regex(model, r"\$[0-9]{2}").regex == r"\$[0-9]{2}"
+
+
+# ---------------------------------------------------------------- issue 9, item 3
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from continuous.generate.json import DATE, integer_range  # noqa: E402
+
+bounds = st.one_of(st.none(), st.integers(-10**12, 10**12))
+
+
+@settings(max_examples=300, deadline=None)
+@given(low=bounds, high=bounds, probes=st.lists(st.integers(-10**13, 10**13), max_size=20))
+def test_integer_range_regex_is_exact(low, high, probes):
+    if low is not None and high is not None and low > high:
+        low, high = high, low
+    pattern = re.compile(integer_range(low, high))
+    near = [b + d for b in (low, high, 0) if b is not None for d in (-1, 0, 1)]
+    for n in probes + near:
+        inside = (low is None or n >= low) and (high is None or n <= high)
+        assert bool(pattern.fullmatch(str(n))) == inside, (low, high, n)
+    assert not pattern.fullmatch("-0") and not pattern.fullmatch("007")
+
+
+def _doc_matches(gen, value):
+    return re.fullmatch(gen.regex, json.dumps({"n": value}, separators=(",", ":"))) is not None
+
+
+@pytest.mark.parametrize("node, inside, outside", [
+    ({"minimum": 100, "maximum": 100000}, [100, 5000, 100000], [794444, -5, 99, 100001, 0]),
+    ({"minimum": 10}, [10, 11, 10**15], [9, 0, -10]),
+    ({"maximum": -3}, [-3, -10**12], [-2, 0, 5]),
+    ({"minimum": 1.5}, [2, 3], [1, 0, -2]),
+    ({"exclusiveMinimum": 2, "exclusiveMaximum": 5}, [3, 4], [2, 5]),
+    ({"exclusiveMaximum": 2.5}, [2, -7], [3]),
+    ({"minimum": 3, "exclusiveMinimum": True, "maximum": 7, "exclusiveMaximum": True}, [4, 6], [3, 7]),
+    ({"minimum": -20, "maximum": -10}, [-20, -15, -10], [-21, -9, 0, 15]),
+])
+def test_json_integer_bounds_are_exact_in_the_constraint(model, node, inside, outside):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", **node}}, "required": ["n"]}
+    if any(isinstance(v, bool) for v in node.values()):  # boolean exclusive bounds are draft 4's
+        schema["$schema"] = "http://json-schema.org/draft-04/schema#"
+    gen = generate.json(model, schema, whitespace_pattern=WS)
+    assert all(_doc_matches(gen, v) for v in inside)
+    assert not any(_doc_matches(gen, v) for v in outside)
+
+
+def test_pydantic_integer_bounds_are_exact_in_the_constraint(model):
+    class Big(BaseModel):
+        n: int = Field(ge=100, le=100000)
+
+    gen = generate.json(model, Big, whitespace_pattern=WS)
+    assert _doc_matches(gen, 100000) and not _doc_matches(gen, 794444) and not _doc_matches(gen, -5)
+
+
+def test_json_value_is_validated_where_the_regex_cannot_say_it(model):
+    schema = {"type": "object", "properties": {"x": {"type": "number", "minimum": 1.5},
+                                                "k": {"type": "integer", "multipleOf": 3}},
+              "required": ["x", "k"]}
+    gen = generate.json(model, schema, whitespace_pattern=WS)
+    assert gen.parse('{"x":2.5,"k":9}') == {"x": 2.5, "k": 9}
+    for bad in ('{"x":1.0,"k":9}', '{"x":2,"k":4}'):
+        assert re.fullmatch(gen.regex, bad)  # the constraint lets it through...
+        with pytest.raises(ValueError, match="breaks the schema"):  # ...the value does not
+            gen.parse(bad)
+
+
+def test_a_generated_json_number_is_checked_on_value(model):
+    schema = {"type": "object", "properties": {"x": {"type": "number", "maximum": -1e9}}, "required": ["x"]}
+    gen = continuous(generate.json(model, schema, samplers.multinomial(4), whitespace_pattern=WS))
+    state = gen("JSON:", max_tokens=30, seed=0)
+    for s, text in enumerate(state._values):
+        x = json.loads(text)["x"] if re.fullmatch(gen.generator.regex, text) else None
+        row = state[0, s, :]
+        if x is not None and x <= -1e9:
+            assert row.value == {"x": x}
+        else:
+            with pytest.raises(ValueError):
+                row.value
+
+
+def test_dates_are_real_calendar_dates():
+    pattern = re.compile(DATE)
+    for year in (1, 4, 100, 400, 1900, 1999, 2000, 2023, 2024, 2100, 9996, 9999):
+        for month in range(0, 14):
+            for day in range(0, 33):
+                text = f"{year:04d}-{month:02d}-{day:02d}"
+                try:
+                    dt.date(year, month, day)
+                    real = True
+                except ValueError:
+                    real = False
+                assert bool(pattern.fullmatch(text)) == real, text
+    assert not pattern.fullmatch("0000-01-01")
+
+
+@pytest.mark.parametrize("build, text", [
+    (lambda m: generate.format(m, dt.date), "2023-02-29"),
+    (lambda m: generate.format(m, dt.datetime), "2023-04-31 10:00:00"),
+    (lambda m: generate.json(m, {"type": "string", "format": "date"}), '"2100-02-29"'),
+    (lambda m: generate.json(m, {"type": "string", "format": "date-time"}), '"2023-02-30T10:00:00"'),
+])
+def test_impossible_dates_are_not_in_the_constraint(model, build, text):
+    gen = build(model)
+    assert re.fullmatch(gen.regex, text) is None
+    assert re.fullmatch(gen.regex, text.replace("-29", "-28").replace("-31", "-30").replace("-30T", "-28T"))

@@ -66,3 +66,39 @@ def test_bad_parameters():
         samplers.multinomial(top_p=1.5)
     with pytest.raises(ValueError):
         samplers.beam_search(0)
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(temperature=float("nan")), ValueError),
+    (dict(temperature=float("inf")), ValueError),
+    (dict(temperature="hot"), TypeError),
+    (dict(top_k=2.5), TypeError),
+    (dict(top_k=True), TypeError),
+    (dict(top_p=float("nan")), ValueError),
+    (dict(samples=2.0), TypeError),
+    (dict(samples="2"), TypeError),
+])
+def test_bad_parameters_fail_when_built(kwargs, error):
+    # Issue 9, item 6: each was accepted, then failed inside torch (or not at all).
+    with pytest.raises(error, match=next(iter(kwargs))):
+        samplers.multinomial(**kwargs)
+
+
+@pytest.mark.parametrize("beams", [2.0, "2", None])
+def test_bad_beams_fail_when_built(beams):
+    with pytest.raises(TypeError, match="beams"):
+        samplers.beam_search(beams)
+
+
+@pytest.mark.parametrize("seed, error", [(2**64, ValueError), (-(2**63) - 1, ValueError),
+                                         (1.5, TypeError), ("3", TypeError), (True, TypeError)])
+def test_check_seed_refuses_what_torch_cannot_take(seed, error):
+    with pytest.raises(error, match="seed"):
+        samplers.check_seed(seed)
+
+
+@pytest.mark.parametrize("seed", [None, 0, 2**64 - 1, -(2**63)])
+def test_check_seed_accepts_what_torch_takes(seed):
+    assert samplers.check_seed(seed) == seed
+    if seed is not None:
+        torch.Generator().manual_seed(seed)  # the bounds are torch's own

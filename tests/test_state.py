@@ -258,3 +258,58 @@ def _quiet(fn):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CacheResetWarning)
         return fn()
+
+
+# ---------------------------------------------------------------- issue 9, item 5
+def test_a_state_is_a_string_for_in_bool_and_len(greedy):
+    state = greedy("My name is Omar", max_tokens=3)
+    text = str(state)
+    for part in ("Omar", "name is", text, text[-3:], "", "not in it at all"):
+        assert (part in state) == (part in text)
+    assert bool(state) and len(state) == len(list(state)) == 1
+    with pytest.raises(TypeError, match="requires a str"):
+        3 in state
+
+
+def test_in_bool_and_len_over_rows(model):
+    state = continuous(generate.text(model, top1(2)))(["Omar", "Lina"], max_tokens=2)
+    assert len(state) == len(list(state)) == 4
+    assert "Omar" in state and "Lina" in state and "Zed" not in state
+    empty = state[:, :, :0]
+    assert not empty and len(empty) == 4 and list(empty) == [""] * 4
+
+
+def test_exposed_tensors_cannot_change_a_state(greedy):
+    s = greedy("Alice", max_tokens=2)
+    t = s + "x"
+    before = [x.clone() for x in (s.weights, s.token_ids, s.attention_mask, t.weights)]
+    with pytest.raises(AttributeError, match="value"):
+        t.weights += 100  # the in-place add hits a copy; assigning it back is refused
+    for tensor in (t.weights, t.token_ids, t.attention_mask, s.weights, s.token_ids):
+        tensor += 7
+    after = (s.weights, s.token_ids, s.attention_mask, t.weights)
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert_equivalent(greedy, t)
+
+
+@pytest.mark.parametrize("name", ["weights", "model", "batch_size", "num_samples", "_rows", "new"])
+def test_attributes_are_read_only(greedy, name):
+    s = greedy("Alice", max_tokens=1)
+    with pytest.raises(AttributeError, match="value"):
+        setattr(s, name, None)
+    with pytest.raises(AttributeError):
+        delattr(s, name)
+    assert s.batch_size == 1 and s.model is not None
+
+
+def test_copies_continue_on_the_same_model_and_pickle_is_refused(greedy):
+    import copy
+    import pickle
+
+    s = greedy("Alice", max_tokens=2)
+    for c in (copy.copy(s), copy.deepcopy(s), copy.deepcopy([s])[0]):
+        assert c.model is s.model and str(c) == str(s)
+        assert str(greedy(c, max_tokens=3)) == str(greedy(s, max_tokens=3))
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(s)
+    assert str(greedy(s, max_tokens=1)).startswith(str(s))  # still usable

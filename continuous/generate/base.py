@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -48,6 +49,55 @@ class SequenceGenerator:
             object.__setattr__(self, "index", build_index(self.regex, self.model.tokenizer))
 
 
+class _Complete:
+    """A parser that first checks the text is a whole match of the constraint.
+
+    A row cut short (``max_tokens``, a stop string, the end of the context) holds a
+    prefix of a match; parsing it anyway would give a wrong value (``'T'`` read as
+    ``False``, ``'al'`` for ``'alpha'``), so ``.value`` raises instead.
+    """
+
+    def __init__(self, pattern: str, parse: Callable[[str], Any], kind: str):
+        try:
+            self.compiled = re.compile(pattern)
+        except re.error:
+            # outlines_core's dialect (Rust regex) accepts a few patterns Python's
+            # ``re`` does not; the parser is then the only check.
+            self.compiled = None
+        self.parse, self.kind = parse, kind
+
+    def __call__(self, text: str) -> Any:
+        if self.compiled is not None and self.compiled.fullmatch(text) is None:
+            raise ValueError(f"the {self.kind} constraint is not complete in {text!r}: the generation "
+                             "was cut short (max_tokens, a stop string or the end of the context)")
+        return self.parse(text)
+
+
+def check_model(model) -> None:
+    """Refuse, when a generator is built, what is not a model of ``continuous.models``."""
+    if isinstance(model, (str, bytes)) or not hasattr(model, "tokenizer"):
+        raise TypeError(f"model must come from continuous.models (e.g. models.transformers(path)), "
+                        f"got {type(model).__name__}{' ' + repr(model) if isinstance(model, str) else ''}")
+
+
 def make(model, sampler, regex=None, parse=_identity, kind="text") -> SequenceGenerator:
-    """Build a generator, defaulting the sampler to greedy."""
+    """Build a generator, defaulting the sampler to greedy.
+
+    Parameters
+    ----------
+    model
+        A model from ``continuous.models``.
+    sampler
+        A sampler, or ``None`` for greedy.
+    regex
+        The constraint, or ``None`` for free text.
+    parse
+        Turns a whole match of ``regex`` into the value; a text that is not a whole
+        match raises ``ValueError`` on ``.value``.
+    kind
+        The generator's kind, for messages.
+    """
+    check_model(model)
+    if regex is not None:
+        parse = _Complete(regex, parse, kind)
     return SequenceGenerator(model, sampler if sampler is not None else Greedy(), regex, parse, kind)

@@ -16,11 +16,13 @@ def choice(model, choices, sampler=None) -> SequenceGenerator:
         members = {str(m.value): m for m in choices}
         parse = members.__getitem__
     else:
-        if isinstance(choices, str) or not all(isinstance(c, str) for c in choices):
-            raise TypeError("choices must be a list of strings or an Enum class")
+        # A generator or set would be consumed or unordered: ask for a sequence.
+        if not isinstance(choices, (list, tuple)) or not all(isinstance(c, str) for c in choices):
+            raise TypeError(f"choices must be a list (or tuple) of strings or an Enum class, "
+                            f"got {type(choices).__name__}")
         members = {c: c for c in choices}
         parse = str
     if not members:
-        raise ValueError("choice needs at least one choice")
+        raise ValueError("choice needs at least one choice (the list or Enum is empty)")
     pattern = "(" + "|".join(re.escape(c) for c in members) + ")"
     return make(model, sampler, pattern, parse, kind="choice")

@@ -3,15 +3,17 @@ import datetime as dt
 from outlines import types
 
 from .base import SequenceGenerator, make
+from .json import DATE, TIME
 
 _FORMATS = {
     int: (types.integer.pattern, int),
     float: (types.number.pattern, float),
     bool: (types.boolean.pattern, lambda s: s == "True"),
     str: (types.string.pattern, lambda s: s[1:-1]),
-    dt.datetime: (types.datetime.pattern, dt.datetime.fromisoformat),
-    dt.date: (types.date.pattern, dt.date.fromisoformat),
-    dt.time: (types.time.pattern, dt.time.fromisoformat),
+    # outlines' date patterns allow 2023-02-31: ours only dates that exist.
+    dt.datetime: (f"{DATE} {TIME}", dt.datetime.fromisoformat),
+    dt.date: (DATE, dt.date.fromisoformat),
+    dt.time: (TIME, dt.time.fromisoformat),
 }
 
 

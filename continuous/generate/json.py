@@ -1,5 +1,6 @@
 import inspect
 import json as _json
+import math
 
 from outlines_core.json_schema import build_regex_from_schema
 from pydantic import BaseModel
@@ -30,33 +31,143 @@ def _schema_string(schema) -> tuple[str, object]:
     raise TypeError("schema must be a pydantic model class, a JSON schema dict or str, or a callable")
 
 
-_MAX_ENUM = 1000
+def _digit_span(lo: str, hi: str) -> str:
+    """Regex of the decimal strings from ``lo`` to ``hi``, both of the same length."""
+    if not lo:
+        return ""
+    if lo[0] == hi[0]:
+        return lo[0] + _group(_digit_span(lo[1:], hi[1:]))
+    rest = len(lo) - 1
+    parts = []
+    first, last = int(lo[0]), int(hi[0])
+    # The first and last digits take the whole span below them when their tail is
+    # 0...0 or 9...9; otherwise they get their own, narrower, branch.
+    if lo[1:] != "0" * rest:
+        parts.append(lo[0] + _group(_digit_span(lo[1:], "9" * rest)))
+        first += 1
+    tail_hi = hi[1:] == "9" * rest
+    if not tail_hi:
+        last -= 1
+    if first <= last:
+        digits = str(first) if first == last else f"[{first}-{last}]"
+        parts.append(digits + ("[0-9]" + (f"{{{rest}}}" if rest > 1 else "") if rest else ""))
+    if not tail_hi:
+        parts.append(hi[0] + _group(_digit_span("0" * rest, hi[1:])))
+    return "|".join(parts)
 
 
-def _bound_integers(node):
-    """Make integer bounds part of the regex, which outlines_core leaves open.
+def _group(pattern: str) -> str:
+    return pattern if "|" not in pattern else f"({pattern})"
 
-    A bounded integer becomes an ``enum`` of its values when there are at most
-    1000 of them; otherwise its digits are bounded (``maxDigits``) so it ends.
+
+def natural_range(low: int, high: int | None) -> str:
+    """Regex of the decimal integers ``n`` with ``low <= n <= high`` (``high=None``: no bound).
+
+    ``0 <= low``; no leading zeros, exactly as JSON writes integers.
     """
-    if isinstance(node, list):
-        return [_bound_integers(n) for n in node]
-    if not isinstance(node, dict):
+    parts = []
+    digits = len(str(low))
+    while high is None or digits <= len(str(high)):
+        a = max(low, 10 ** (digits - 1) if digits > 1 else 0)
+        if high is None and a == 10 ** (digits - 1):
+            # From here every longer integer is in range.
+            parts.append(f"[1-9][0-9]{{{digits - 1},}}")
+            break
+        b = 10**digits - 1 if high is None else min(high, 10**digits - 1)
+        parts.append(_digit_span(str(a), str(b)))
+        digits += 1
+    return "|".join(parts)
+
+
+def integer_range(low: int | None, high: int | None) -> str:
+    """Regex of the JSON integers ``n`` with ``low <= n <= high`` (``None``: no bound).
+
+    Negative integers are written ``-`` and their absolute value; ``-0`` is never produced.
+    """
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"no integer lies in [{low}, {high}]")
+    parts = []
+    if low is None or low < 0:  # the negative part: -|n| with |n| in [max(1, -high), -low]
+        small = 1 if high is None or high >= 0 else -high
+        parts.append("-" + _group(natural_range(small, None if low is None else -low)))
+    if high is None or high >= 0:
+        parts.append(natural_range(max(low or 0, 0), high))
+    return "(" + "|".join(parts) + ")"
+
+
+def _bound(node: dict, key: str, exclusive: str, up: bool):
+    """The integer bound of a schema node on one side, or ``None``.
+
+    Draft 4 writes exclusiveness as a boolean beside the bound; later drafts as a
+    number. Non-integer bounds round inwards.
+    """
+    bounds = []
+    if isinstance(node.get(key), (int, float)) and not isinstance(node.get(key), bool):
+        value = node[key]
+        strict = node.get(exclusive) is True
+        bounds.append(_inward(value, strict, up))
+    if isinstance(node.get(exclusive), (int, float)) and not isinstance(node.get(exclusive), bool):
+        bounds.append(_inward(node[exclusive], True, up))
+    if not bounds:
+        return None
+    return max(bounds) if up else min(bounds)
+
+
+def _inward(value, strict: bool, up: bool) -> int:
+    if up:  # a lower bound: the smallest integer above (or at) it
+        n = math.ceil(value)
+        return n + 1 if strict and n == value else n
+    n = math.floor(value)
+    return n - 1 if strict and n == value else n
+
+
+_YEAR = "([1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"  # 0001-9999, as datetime.date
+_LEAP = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
+DATE = (f"({_YEAR}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+        f"|02-(0[1-9]|1[0-9]|2[0-8]))|{_LEAP}-02-29)")
+"""A calendar date ``YYYY-MM-DD`` that exists: days per month, Feb 29 only in leap years."""
+TIME = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
+DATE_TIME = f"{DATE}T{TIME}(\\.[0-9]{{3}})?(Z)?"
+
+
+class _Exact:
+    """Schema nodes whose regex we write ourselves, each swapped in for a unique marker.
+
+    outlines_core writes a ``const`` integer as its digits, so a node replaced by a
+    marker constant leaves those digits in the regex, where the exact regex goes.
+    """
+
+    def __init__(self, schema_str: str):
+        self.base = 730194628551
+        while str(self.base) in schema_str:
+            self.base += 1
+        self.patterns: list[str] = []
+
+    def mark(self, pattern: str) -> dict:
+        self.patterns.append(pattern)
+        return {"const": int(f"{self.base}{len(self.patterns):04d}")}
+
+    def substitute(self, regex: str) -> str:
+        for k, pattern in enumerate(self.patterns, 1):
+            regex = regex.replace(f"{self.base}{k:04d}", f"({pattern})")
+        return regex
+
+    def rewrite(self, node):
+        """The schema with bounded integers and dates replaced by markers."""
+        if isinstance(node, list):
+            return [self.rewrite(n) for n in node]
+        if not isinstance(node, dict):
+            return node
+        node = {k: self.rewrite(v) for k, v in node.items()}
+        kind = node.get("type")
+        if kind == "integer" and "multipleOf" not in node:
+            low = _bound(node, "minimum", "exclusiveMinimum", up=True)
+            high = _bound(node, "maximum", "exclusiveMaximum", up=False)
+            if low is not None or high is not None:
+                return self.mark(integer_range(low, high))
+        if kind == "string" and node.get("format") in ("date", "date-time"):
+            return self.mark('"' + (DATE if node["format"] == "date" else DATE_TIME) + '"')
         return node
-    node = {k: _bound_integers(v) for k, v in node.items()}
-    if node.get("type") == "integer":
-        low = node.get("minimum", node.get("exclusiveMinimum", None))
-        high = node.get("maximum", node.get("exclusiveMaximum", None))
-        if "exclusiveMinimum" in node and "minimum" not in node:
-            low = low + 1 if low is not None else None
-        if "exclusiveMaximum" in node and "maximum" not in node:
-            high = high - 1 if high is not None else None
-        if low is not None and high is not None and 0 <= high - low < _MAX_ENUM:
-            keep = {k: v for k, v in node.items() if k in ("title", "description", "default")}
-            return {**keep, "enum": list(range(int(low), int(high) + 1))}
-        if high is not None and low is not None and "maxDigits" not in node:
-            node["maxDigits"] = max(len(str(abs(int(low)))), len(str(abs(int(high)))))
-    return node
 
 
 def json(model, schema, sampler=None, whitespace_pattern=None) -> SequenceGenerator:
@@ -68,7 +179,11 @@ def json(model, schema, sampler=None, whitespace_pattern=None) -> SequenceGenera
         A pydantic model class (``value`` is an instance), a JSON-schema ``dict`` or
         ``str`` (``value`` is the parsed JSON), or a callable whose signature gives the
         schema (``value`` is a dict of arguments). Integer bounds (``minimum``,
-        ``maximum``) are enforced by the constraint, unlike outlines'.
+        ``maximum``, the exclusive ones, one-sided or not, integral or not) and the
+        ``date`` and ``date-time`` formats (real calendar dates) are exact in the
+        constraint, unlike outlines'; what a regex cannot say (bounds of non-integer
+        numbers, ``multipleOf``...) is checked on ``value``, which raises ``ValueError``
+        rather than return a document that breaks the schema.
     whitespace_pattern
         Regex for the whitespace allowed between JSON tokens (outlines_core's default
         when ``None``).
@@ -80,8 +195,38 @@ def json(model, schema, sampler=None, whitespace_pattern=None) -> SequenceGenera
     """
     schema_str, parse = _schema_string(schema)
     try:
-        schema_str = _json.dumps(_bound_integers(_json.loads(schema_str)))
-        pattern = build_regex_from_schema(schema_str, whitespace_pattern)
+        document = _json.loads(schema_str)
+        exact = _Exact(schema_str)
+        pattern = build_regex_from_schema(_json.dumps(exact.rewrite(document)), whitespace_pattern)
+        pattern = exact.substitute(pattern)
     except Exception as exc:
         raise ValueError(f"cannot build a constraint from this JSON schema: {exc}") from exc
+    if parse is _json.loads:
+        parse = _Validated(document)
     return make(model, sampler, pattern, parse, kind="json")
+
+
+class _Validated:
+    """Parse a document and check it against the whole schema.
+
+    The regex cannot say every keyword (``multipleOf``, bounds of non-integers,
+    ``uniqueItems``...): a document that breaks one raises rather than being returned.
+    """
+
+    def __init__(self, schema: dict):
+        import jsonschema
+
+        cls = jsonschema.validators.validator_for(schema)
+        try:
+            cls.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"the JSON schema is invalid: {exc.message}") from exc
+        self.validator = cls(schema)
+
+    def __call__(self, text: str):
+        value = _json.loads(text)
+        errors = sorted(self.validator.iter_errors(value), key=lambda e: list(e.path))
+        if errors:
+            where = "/".join(str(p) for p in errors[0].path) or "the document"
+            raise ValueError(f"the generated JSON breaks the schema at {where}: {errors[0].message}")
+        return value
