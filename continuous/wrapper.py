@@ -11,7 +11,7 @@ from .errors import SampleMismatch
 from .generate.base import SequenceGenerator
 from .guides import IndexConstraint
 from .layout import Rows
-from .samplers import Greedy
+from .samplers import Greedy, check_seed
 from .state import SequenceState, shape_rows
 
 __all__ = ["ContinuousGenerator", "continuous"]
@@ -191,9 +191,7 @@ def _check_stop_at(stop_at) -> list[str]:
 def _check_rng(seed, rng):
     if seed is not None and rng is not None:
         raise ValueError("give seed or rng, not both")
-    if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if check_seed(seed) is not None:
         return torch.Generator().manual_seed(seed)
     if rng is not None and not isinstance(rng, torch.Generator):
         raise TypeError(f"rng must be a torch.Generator, got {type(rng).__name__}")
