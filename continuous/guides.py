@@ -15,9 +15,9 @@ import weakref
 from collections import OrderedDict
 
 import torch
-from outlines_core import Guide, Index, Vocabulary
+from outlines_core import Index, Vocabulary
 
-__all__ = ["vocabulary", "build_index", "IndexConstraint", "RowMasks"]
+__all__ = ["vocabulary", "build_index", "RowMasks"]
 
 _LOCK = threading.Lock()
 _VOCABS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -70,49 +70,6 @@ def build_index(regex: str, tokenizer) -> Index:
         while len(_INDEXES) > MAX_INDEXES:
             _INDEXES.popitem(last=False)
     return index
-
-
-class _GuideMatcher:
-    """A :class:`~continuous.engines.Matcher` on an outlines_core ``Guide``."""
-
-    __slots__ = ("guide", "index", "eos")
-
-    def __init__(self, guide: Guide, index: Index, eos: int):
-        self.guide, self.index, self.eos = guide, index, eos
-
-    def fill(self, bitmask: torch.Tensor) -> None:
-        self.guide.write_mask_into(bitmask.data_ptr(), bitmask.numel(), bitmask.element_size())
-
-    def advance(self, token_id: int) -> None:
-        self.guide.advance(token_id, return_tokens=False)
-
-    def rollback(self, n: int) -> None:
-        self.guide.rollback_state(n)
-
-    def forced(self) -> list[int]:
-        allowed = self.index.get_allowed_tokens(self.guide.get_state())
-        return allowed if len(allowed) == 1 and allowed[0] != self.eos else []
-
-    def accepting(self) -> bool:
-        return self.guide.is_finished()
-
-    def done(self) -> bool:
-        return self.guide.get_tokens() == [self.eos]
-
-    def copy(self) -> "_GuideMatcher":
-        return _GuideMatcher(copy.copy(self.guide), self.index, self.eos)
-
-
-class IndexConstraint:
-    """A :class:`~continuous.engines.Constraint` on an outlines_core ``Index``."""
-
-    engine = "outlines_core"
-
-    def __init__(self, index: Index, eos_token_id: int):
-        self.index, self.eos = index, eos_token_id
-
-    def matcher(self) -> _GuideMatcher:
-        return _GuideMatcher(Guide(self.index), self.index, self.eos)
 
 
 class RowMasks:
@@ -195,9 +152,15 @@ class RowMasks:
             self._refresh(row)
 
     def forced(self, row: int) -> list[int]:
-        """The token a row's constraint forces next (empty when it has a choice)."""
+        """The tokens a row's constraint forces next (empty when it has a choice).
+
+        A single allowed token is forced; otherwise the engine may still know a forced
+        text and its canonical tokens (llguidance's fast-forward tokens).
+        """
         single = self.single[row]
-        return [single] if single is not None and single != self.eos else []
+        if single is not None:
+            return [] if single == self.eos else [single]
+        return self.matchers[row].forced() if self.matchers is not None else []
 
     def done(self, row: int) -> bool:
         """Whether nothing but EOS may follow in this row."""

@@ -10,7 +10,7 @@ import torch
 from .errors import BatchMismatch, CacheResetWarning, SampleMismatch, SlicingError
 from .layout import Rows
 
-__all__ = ["SequenceState", "shape_rows"]
+__all__ = ["SequenceState", "CutShort", "shape_rows"]
 
 
 def shape_rows(items: Sequence[Any], batch_size: int, num_samples: int) -> Any:
@@ -25,6 +25,10 @@ def shape_rows(items: Sequence[Any], batch_size: int, num_samples: int) -> Any:
     if batch_size == 1 or num_samples == 1:
         return items
     return [items[b * num_samples:(b + 1) * num_samples] for b in range(batch_size)]
+
+
+class CutShort(str):
+    """A row's generated text that its constraint did not accept whole (``value`` raises for it)."""
 
 
 class SequenceState:
@@ -128,6 +132,10 @@ class SequenceState:
             if text is None:  # a beam search row left with no allowed token (weight -inf)
                 parsed.append(None)
                 continue
+            if isinstance(text, CutShort):
+                raise ValueError(f"row {r}'s generated text {str(text)!r} is not a whole match of its "
+                                 "constraint: the generation was cut short (max_tokens, a stop string or "
+                                 "the end of the context)")
             try:
                 parsed.append(self._parse(text) if self._parse is not None else text)
             except Exception as exc:

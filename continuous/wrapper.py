@@ -9,10 +9,9 @@ import torch
 from .decoding import Generation, decode
 from .errors import SampleMismatch
 from .generate.base import SequenceGenerator
-from .guides import IndexConstraint
 from .layout import Rows
 from .samplers import Greedy, check_seed
-from .state import SequenceState, shape_rows
+from .state import CutShort, SequenceState, shape_rows
 
 __all__ = ["ContinuousGenerator", "continuous"]
 
@@ -49,8 +48,13 @@ def _from_outlines(generator) -> SequenceGenerator:
         raise TypeError(f"the outlines generator's {type(processor).__name__} has no outlines_core Index: "
                         "build it with the default outlines_core backend")
     model = transformers(generator.model.model, generator.model.hf_tokenizer)
+    constraint = None
+    if index is not None:
+        from .engines.outlines_core import OutlinesCoreConstraint
+
+        constraint = OutlinesCoreConstraint(None, model.tokenizer, index=index)
     return SequenceGenerator(model, Greedy(), None, kind="outlines" if index is None else "outlines-regex",
-                             index=index)
+                             constraint=constraint, engine="outlines_core")
 
 
 class ContinuousGenerator:
@@ -132,11 +136,9 @@ class ContinuousGenerator:
         stop_at = _check_stop_at(stop_at)
         rng = _check_rng(seed, rng)
         fork = samples if samples_in == 1 else 1
-        index = self.generator.index
-        constraint = IndexConstraint(index, model.tokenizer.eos_token_id) if index is not None else None
-        steps = decode(model, rows, weights.reshape(-1), constraint, sampler, fork=fork,
+        steps = decode(model, rows, weights.reshape(-1), self.generator.constraint, sampler, fork=fork,
                        max_tokens=max_tokens, stop_at=stop_at, rng=rng, fast_forward=self.fast_forward,
-                       heal=bool(heal))
+                       heal=bool(heal), bans=self.generator.ban)
         # Arguments are checked above, when stream() is called; the steps run when iterated.
         return self._run(steps, batch_size, samples)
 
@@ -148,8 +150,11 @@ class ContinuousGenerator:
                 result: Generation = done.value
                 break
             yield shape_rows([p or "" for p in pieces], batch_size, samples)
+        texts = result.texts
+        if result.complete is not None:
+            texts = [t if t is None or whole else CutShort(t) for t, whole in zip(texts, result.complete)]
         return SequenceState(self.generator.model, result.rows, result.weights, batch_size, samples,
-                             result.texts, self.generator.parse)
+                             texts, self.generator.parse)
 
     def _rows_of(self, prompt) -> tuple[Rows, torch.Tensor, int, int]:
         model = self.generator.model

@@ -2,6 +2,7 @@
 
 import threading
 
+import pytest
 import torch
 
 from continuous import continuous, generate
@@ -79,13 +80,15 @@ def test_interior_holes():
     assert not interior_holes(torch.tensor([[1, 1, 0, 0]]))  # trailing holes: nothing after them
 
 
-def test_fast_forward_gives_the_same_tokens_in_fewer_forward_calls(model):
+@pytest.mark.parametrize("engine", ["llguidance", "outlines_core"])
+def test_fast_forward_gives_the_same_tokens_in_fewer_forward_calls(model, engine):
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5},
-                                               "city": {"enum": ["Paris", "Lima"]}}, "required": ["name", "city"]}
+                                               "city": {"enum": ["Paris", "Lima"]}},
+              "required": ["name", "city"], "additionalProperties": False}
     prompts = ["User: Tell me about Omar.\nAssistant:", "Hi"]
     runs = {}
     for ff in (True, False):
-        gen = continuous(generate.json(model, schema), fast_forward=ff)
+        gen = continuous(generate.json(model, schema, whitespace_pattern="", engine=engine), fast_forward=ff)
         before = model.stats.forward_calls
         state = gen(prompts, max_tokens=40)
         runs[ff] = (state, model.stats.forward_calls - before)

@@ -34,7 +34,7 @@ def test_batch_rows_finish_at_different_steps(model):
     before = model.stats.tokens_forwarded
     again = continuous(generate.text(model))(state, max_tokens=1)
     uncached = int((state.attention_mask.sum(1) - state.cached_lengths).sum())
-    assert 0 < uncached <= 3 * 3  # at most the last step's tokens of each row (forced ones included)
+    assert uncached > 0  # each row's last step (forced tokens included) was not forwarded
     assert model.stats.tokens_forwarded - before == uncached
     assert list(again) == list(continuous(generate.text(model))(state.drop_cache(), max_tokens=1))
 

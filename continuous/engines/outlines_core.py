@@ -37,9 +37,10 @@ class OutlinesCoreConstraint:
 
     engine = "outlines_core"
 
-    def __init__(self, pattern: str, tokenizer):
+    def __init__(self, pattern: str | None, tokenizer, index=None):
         self.pattern = pattern
-        self.index = build_index(pattern, tokenizer)
+        # An outlines Generator brings its own Index (its pattern is not kept).
+        self.index = index if index is not None else build_index(pattern, tokenizer)
         self.eos_token_id = vocabulary(tokenizer).get_eos_token_id()
         self.n_tokens = len(tokenizer)
         self.words = (self.n_tokens + 31) // 32

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..guides import build_index
+from .. import engines
+from ..engines import check_engine
 from ..samplers import Greedy, Sampler
 
 __all__ = ["SequenceGenerator"]
@@ -31,7 +31,13 @@ class SequenceGenerator:
     parse
         Turns one row's generated text into its ``value``.
     kind
-        ``"text"``, ``"choice"``, ``"json"``, ``"regex"`` or ``"format"``.
+        ``"text"``, ``"choice"``, ``"json"``, ``"regex"``, ``"format"`` or ``"cfg"``.
+    constraint
+        The compiled :class:`~continuous.engines.Constraint` (``None``: free text).
+    engine
+        The constraint engine, ``"llguidance"`` or ``"outlines_core"``.
+    ban
+        The :class:`~continuous.ban.BanList` of ``ban=``, or ``None``.
     """
 
     model: Any
@@ -39,38 +45,26 @@ class SequenceGenerator:
     regex: str | None = None
     parse: Callable[[str], Any] = _identity
     kind: str = "text"
-    index: Any = None
+    constraint: Any = None
+    engine: str | None = None
+    ban: Any = None
 
     def __post_init__(self):
         if not isinstance(self.sampler, Sampler):
             raise TypeError(f"sampler must come from continuous.samplers, got {type(self.sampler).__name__}")
-        if self.regex is not None and self.index is None:
+        if self.regex is not None and self.constraint is None:
             # Build now: an invalid constraint fails here, not at the first call.
-            object.__setattr__(self, "index", build_index(self.regex, self.model.tokenizer))
+            engine = check_engine(self.engine)
+            object.__setattr__(self, "engine", engine)
+            object.__setattr__(self, "constraint", engines.regex(self.regex, self.model.tokenizer, engine))
+        if self.ban is not None and self.sampler.joint and self.sampler.samples > 1:
+            raise ValueError("ban= does not work with beam search: a rewind would have to re-rank every beam; "
+                             "use greedy or multinomial sampling")
 
-
-class _Complete:
-    """A parser that first checks the text is a whole match of the constraint.
-
-    A row cut short (``max_tokens``, a stop string, the end of the context) holds a
-    prefix of a match; parsing it anyway would give a wrong value (``'T'`` read as
-    ``False``, ``'al'`` for ``'alpha'``), so ``.value`` raises instead.
-    """
-
-    def __init__(self, pattern: str, parse: Callable[[str], Any], kind: str):
-        try:
-            self.compiled = re.compile(pattern)
-        except re.error:
-            # outlines_core's dialect (Rust regex) accepts a few patterns Python's
-            # ``re`` does not; the parser is then the only check.
-            self.compiled = None
-        self.parse, self.kind = parse, kind
-
-    def __call__(self, text: str) -> Any:
-        if self.compiled is not None and self.compiled.fullmatch(text) is None:
-            raise ValueError(f"the {self.kind} constraint is not complete in {text!r}: the generation "
-                             "was cut short (max_tokens, a stop string or the end of the context)")
-        return self.parse(text)
+    @property
+    def index(self):
+        """The outlines_core ``Index`` of the constraint (``None`` on another engine or for free text)."""
+        return getattr(self.constraint, "index", None)
 
 
 def check_model(model) -> None:
@@ -80,7 +74,8 @@ def check_model(model) -> None:
                         f"got {type(model).__name__}{' ' + repr(model) if isinstance(model, str) else ''}")
 
 
-def make(model, sampler, regex=None, parse=_identity, kind="text") -> SequenceGenerator:
+def make(model, sampler, regex=None, parse=_identity, kind="text", *, engine=None, constraint=None, ban=None,
+         ban_case=False) -> SequenceGenerator:
     """Build a generator, defaulting the sampler to greedy.
 
     Parameters
@@ -90,14 +85,24 @@ def make(model, sampler, regex=None, parse=_identity, kind="text") -> SequenceGe
     sampler
         A sampler, or ``None`` for greedy.
     regex
-        The constraint, or ``None`` for free text.
+        The constraint as a regular expression, or ``None``.
     parse
-        Turns a whole match of ``regex`` into the value; a text that is not a whole
-        match raises ``ValueError`` on ``.value``.
+        Turns a whole match into the value (a row whose constraint was not complete when
+        generation stopped raises ``ValueError`` on ``.value`` before any parsing).
     kind
         The generator's kind, for messages.
+    engine
+        ``"llguidance"``, ``"outlines_core"`` or ``None`` (the default engine).
+    constraint
+        An already compiled constraint (JSON schemas and grammars), instead of ``regex``.
+    ban, ban_case
+        Banned phrases and patterns, and whether phrases match case (see :mod:`continuous.ban`).
     """
     check_model(model)
-    if regex is not None:
-        parse = _Complete(regex, parse, kind)
-    return SequenceGenerator(model, sampler if sampler is not None else Greedy(), regex, parse, kind)
+    bans = None
+    if ban is not None:
+        from ..ban import BanList
+
+        bans = BanList(ban, case_sensitive=ban_case)
+    return SequenceGenerator(model, sampler if sampler is not None else Greedy(), regex, parse, kind,
+                             constraint, engine, bans)

@@ -4,13 +4,18 @@ from enum import Enum
 from .base import SequenceGenerator, make
 
 
-def choice(model, choices, sampler=None) -> SequenceGenerator:
+def choice(model, choices, sampler=None, *, engine=None, ban=None, ban_case=False) -> SequenceGenerator:
     """One of the given strings; ``value`` is the chosen string (or Enum member).
 
     Parameters
     ----------
     choices
         A list of strings, or an ``Enum`` class (its members' values are the choices).
+    engine
+        The constraint engine: ``"llguidance"`` (the default) or ``"outlines_core"``.
+    ban, ban_case
+        Phrases and ``regex`` patterns the output may not contain (a dict phrase ->
+        factor for soft bans), and whether phrases match case (SPEC section 6).
     """
     if isinstance(choices, type) and issubclass(choices, Enum):
         members = {str(m.value): m for m in choices}
@@ -25,4 +30,4 @@ def choice(model, choices, sampler=None) -> SequenceGenerator:
     if not members:
         raise ValueError("choice needs at least one choice (the list or Enum is empty)")
     pattern = "(" + "|".join(re.escape(c) for c in members) + ")"
-    return make(model, sampler, pattern, parse, kind="choice")
+    return make(model, sampler, pattern, parse, kind="choice", engine=engine, ban=ban, ban_case=ban_case)

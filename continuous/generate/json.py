@@ -5,6 +5,7 @@ import math
 from outlines_core.json_schema import build_regex_from_schema
 from pydantic import BaseModel
 
+from ..engines import check_engine
 from .base import SequenceGenerator, make
 
 
@@ -170,7 +171,8 @@ class _Exact:
         return node
 
 
-def json(model, schema, sampler=None, whitespace_pattern=None) -> SequenceGenerator:
+def json(model, schema, sampler=None, whitespace_pattern=None, *, engine=None, ban=None,
+         ban_case=False) -> SequenceGenerator:
     """A JSON document valid against a schema.
 
     Parameters
@@ -185,8 +187,14 @@ def json(model, schema, sampler=None, whitespace_pattern=None) -> SequenceGenera
         numbers, ``multipleOf``...) is checked on ``value``, which raises ``ValueError``
         rather than return a document that breaks the schema.
     whitespace_pattern
-        Regex for the whitespace allowed between JSON tokens (outlines_core's default
-        when ``None``).
+        Regex for the whitespace allowed between JSON tokens (the engine's default when
+        ``None``).
+    engine
+        ``"llguidance"`` (the default: it reads the schema itself, and refuses a keyword
+        it cannot enforce, naming it) or ``"outlines_core"`` (through its regex compiler,
+        with the exact bounds and dates described above).
+    ban, ban_case
+        Phrases and ``regex`` patterns the output may not contain (SPEC section 6).
 
     Raises
     ------
@@ -194,16 +202,52 @@ def json(model, schema, sampler=None, whitespace_pattern=None) -> SequenceGenera
         When the schema is invalid or unsupported, with the reason.
     """
     schema_str, parse = _schema_string(schema)
+    document = _json.loads(schema_str)
+    if parse is _json.loads:
+        parse = _Validated(document)
+    elif isinstance(schema, type):
+        # A pydantic model's objects take their fields and nothing else, as outlines
+        # generates them; JSON Schema itself allows more unless told otherwise.
+        document = _closed(document)
+    if check_engine(engine) == "llguidance":
+        from ..engines.llguidance import json_schema
+
+        constraint = json_schema(_dated(document), model.tokenizer, whitespace_pattern)
+        return make(model, sampler, None, parse, kind="json", engine="llguidance", constraint=constraint,
+                    ban=ban, ban_case=ban_case)
     try:
-        document = _json.loads(schema_str)
         exact = _Exact(schema_str)
         pattern = build_regex_from_schema(_json.dumps(exact.rewrite(document)), whitespace_pattern)
         pattern = exact.substitute(pattern)
     except Exception as exc:
         raise ValueError(f"cannot build a constraint from this JSON schema: {exc}") from exc
-    if parse is _json.loads:
-        parse = _Validated(document)
-    return make(model, sampler, pattern, parse, kind="json")
+    return make(model, sampler, pattern, parse, kind="json", engine="outlines_core", ban=ban, ban_case=ban_case)
+
+
+def _dated(node):
+    """The schema with ``date`` and ``date-time`` strings held to real calendar dates by a pattern."""
+    if isinstance(node, list):
+        return [_dated(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: _dated(v) for k, v in node.items()}
+    kind = node.get("format")
+    if node.get("type") == "string" and kind in ("date", "date-time") and "pattern" not in node:
+        node = {k: v for k, v in node.items() if k != "format"}
+        node["pattern"] = "^" + (DATE if kind == "date" else DATE_TIME) + "$"
+    return node
+
+
+def _closed(node):
+    """The schema with ``additionalProperties: false`` on every object that does not say."""
+    if isinstance(node, list):
+        return [_closed(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: _closed(v) for k, v in node.items()}
+    if "properties" in node and "additionalProperties" not in node:
+        node["additionalProperties"] = False
+    return node
 
 
 class _Validated:

@@ -21,8 +21,18 @@ def _anchors(items) -> bool:
     return False
 
 
-def regex(model, pattern: str, sampler=None) -> SequenceGenerator:
+def regex(model, pattern: str, sampler=None, *, engine=None, ban=None, ban_case=False) -> SequenceGenerator:
     """Text matching a regular expression; ``value`` is the matched string.
+
+    Parameters
+    ----------
+    pattern
+        The regular expression (Rust ``regex`` syntax, as both engines read it).
+    engine
+        The constraint engine: ``"llguidance"`` (the default) or ``"outlines_core"``.
+    ban, ban_case
+        Phrases and ``regex`` patterns the output may not contain (a dict phrase ->
+        factor for soft bans), and whether phrases match case (SPEC section 6).
 
     Raises
     ------
@@ -39,4 +49,4 @@ def regex(model, pattern: str, sampler=None) -> SequenceGenerator:
     if anchored:
         raise ValueError(f"the pattern {pattern!r} has anchors (^, $, \\A, \\Z): the constraint already "
                          "matches the whole generated text, remove them")
-    return make(model, sampler, pattern, kind="regex")
+    return make(model, sampler, pattern, kind="regex", engine=engine, ban=ban, ban_case=ban_case)

@@ -1,7 +1,7 @@
 from .base import SequenceGenerator, make
 
 
-def text(model, sampler=None) -> SequenceGenerator:
+def text(model, sampler=None, *, ban=None, ban_case=False) -> SequenceGenerator:
     """Free text, until EOS, ``max_tokens`` or a ``stop_at`` string.
 
     Parameters
@@ -10,5 +10,8 @@ def text(model, sampler=None) -> SequenceGenerator:
         A model from ``continuous.models``.
     sampler
         A sampler from ``continuous.samplers`` (default: greedy).
+    ban, ban_case
+        Phrases and ``regex`` patterns the output may not contain (a dict phrase ->
+        factor for soft bans), and whether phrases match case (SPEC section 6).
     """
-    return make(model, sampler)
+    return make(model, sampler, ban=ban, ban_case=ban_case)

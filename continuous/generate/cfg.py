@@ -1,0 +1,26 @@
+from .base import SequenceGenerator, check_model, make
+
+
+def cfg(model, grammar: str, sampler=None, *, ban=None, ban_case=False) -> SequenceGenerator:
+    """Text in the language of a context-free grammar; ``value`` is the text.
+
+    Parameters
+    ----------
+    grammar
+        A Lark grammar in llguidance's dialect (the start rule is ``start``; terminals
+        may be regular expressions, ``%json {...}`` embeds a JSON schema).
+    ban, ban_case
+        Phrases and ``regex`` patterns the output may not contain (SPEC section 6).
+
+    Raises
+    ------
+    ValueError
+        When llguidance refuses the grammar, with its reason.
+    """
+    if not isinstance(grammar, str):
+        raise TypeError(f"grammar must be a str (Lark syntax), got {type(grammar).__name__}")
+    from ..engines.llguidance import lark
+
+    check_model(model)
+    constraint = lark(grammar, model.tokenizer)
+    return make(model, sampler, None, kind="cfg", engine="llguidance", constraint=constraint, ban=ban, ban_case=ban_case)
