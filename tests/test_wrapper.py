@@ -100,7 +100,7 @@ def test_seed_and_rng_make_sampling_reproducible(model):
     assert torch.equal(a.weights, b.weights)
 
 
-def test_beam_search_keeps_beams_across_calls(model):
+def test_beam_search_keeps_beams_across_calls(model, hf_model):
     gen = continuous(generate.text(model, samplers.beam_search(3)))
     state = gen("Alice", max_tokens=4)
     assert state.num_samples == 3
@@ -109,7 +109,17 @@ def test_beam_search_keeps_beams_across_calls(model):
     assert torch.all(w[:-1] >= w[1:])  # best first
     more = gen(state + " and", max_tokens=3)
     assert more.num_samples == 3
-    assert torch.all(more.weights <= state.weights.max())
+    # Each beam's weight is exactly its ancestor's plus the log-probabilities of the
+    # tokens it generated (appended text adds none), scored here by the model itself.
+    prompt = state + " and"
+    for r, text in enumerate(more):
+        ancestor = next(a for a, t in enumerate(prompt) if text.startswith(t))
+        ids = more._rows.real_ids(r)
+        start = len(prompt._rows.real_ids(ancestor))
+        with torch.no_grad():
+            logprobs = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].double(), -1)
+        gained = sum(float(logprobs[i - 1, ids[i]]) for i in range(start, len(ids)))
+        assert float(more.weights[0, r]) == pytest.approx(float(state.weights[0, ancestor]) + gained, abs=1e-3)
 
 
 def test_sample_mismatch_names_both_counts(model):
