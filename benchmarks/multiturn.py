@@ -71,18 +71,30 @@ def ideal_turns(hf, tok, index, system, messages, max_tokens):
     return run_turns(step, tok(system).input_ids, messages)
 
 
-def main():
+def competitors(hf, tok, model, quick: bool):
+    """The workload and its three competitors: name -> a function running every turn.
+
+    Returns (competitors, turns).
+    """
     import outlines
 
-    args, size, hf, tok, model = setup(__doc__)
-    system_tokens, turns, msg_tokens, max_tokens = (256, 3, 32, 8) if args.quick else (1024, 8, 64, 16)
+    system_tokens, turns, msg_tokens, max_tokens = (256, 3, 32, 8) if quick else (1024, 8, 64, 16)
     system = random_text(tok, system_tokens, seed=1)
     messages = [f"\nUser: {random_text(tok, msg_tokens - 6, seed=10 + i)}\nAssistant:" for i in range(turns)]
-
     gen = continuous(generate.json(model, Answer))
     index = build_index(gen.generator.regex, tok)
     o_gen = outlines.Generator(outlines.from_transformers(hf, tok), Answer)
     o_gen("warm up", max_new_tokens=2)  # outlines' mask kernel compiles on its first call
+    return {
+        "continuous": lambda: run_turns(lambda h, m: gen(h + m, max_tokens=max_tokens), system, messages),
+        "ideal": lambda: ideal_turns(hf, tok, index, system, messages, max_tokens),
+        "outlines": lambda: run_turns(lambda h, m: h + m + o_gen(h + m, max_new_tokens=max_tokens), system, messages),
+    }, turns
+
+
+def main():
+    args, size, hf, tok, model = setup(__doc__)
+    runs, turns = competitors(hf, tok, model, args.quick)
 
     seconds = {"continuous": [], "ideal": [], "outlines": []}
     per_turn = {"continuous": [], "ideal": [], "outlines": []}
@@ -90,14 +102,7 @@ def main():
     for rep in range(args.reps):
         for name in ("continuous", "ideal", "outlines"):
             with count_positions(hf) as counter:
-                if name == "continuous":
-                    turn_s, total = timed(lambda: run_turns(
-                        lambda h, m: gen(h + m, max_tokens=max_tokens), system, messages))
-                elif name == "ideal":
-                    turn_s, total = timed(lambda: ideal_turns(hf, tok, index, system, messages, max_tokens))
-                else:
-                    turn_s, total = timed(lambda: run_turns(
-                        lambda h, m: h + m + o_gen(h + m, max_new_tokens=max_tokens), system, messages))
+                turn_s, total = timed(runs[name])
             seconds[name].append(total)
             per_turn[name].append(turn_s)
             tokens[name] = counter["tokens"]

@@ -8,6 +8,7 @@ conversation, a slice or a sum never recomputes what the model has already seen.
 import importlib
 
 from .errors import (
+    BanExhausted,
     BatchMismatch,
     BatchMismatchError,
     CacheResetWarning,
@@ -21,7 +22,7 @@ __version__ = "0.1.0"
 __all__ = [
     "continuous", "ContinuousGenerator", "SequenceState", "generate", "models", "samplers",
     "SampleMismatch", "BatchMismatch", "SlicingError", "CacheResetWarning",
-    "SampleMismatchError", "BatchMismatchError",
+    "SampleMismatchError", "BatchMismatchError", "BanExhausted",
 ]
 
 # Imported on first use: a swarm server (`python -m continuous.server`) needs none of

@@ -4,6 +4,10 @@ It works on :class:`~continuous.layout.Rows` and knows nothing of SequenceState.
 call generates for every row at once: rows that finish early become holes in the
 following columns, and their logits are kept so that a later call continues them
 without recomputing anything.
+
+Logits, masks, weights, sampling and the attention mask stay on the model's device; the
+only thing that reaches the host at each step is what the Python loop needs to know:
+the chosen ids (and, for beams, which rows they extend).
 """
 
 from __future__ import annotations
@@ -13,9 +17,12 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .guides import RowGuides
-from .layout import Detokenizer, Rows
-from .samplers import BeamSearch, Sampler
+from .detok import dangling
+from .guides import RowMasks
+from .heal import HealMatcher, token_strings
+from .layout import Rows, interior_holes
+from .rowstate import RowState, apply_bans, heal_rows, rewind, warn_exhausted
+from .samplers import Sampler
 
 __all__ = ["Generation", "top_up", "decode"]
 
@@ -31,10 +38,11 @@ class Generation:
 
 
 def _check_context(model, rows: Rows, extra: int = 0) -> None:
-    longest = int(rows.attention_mask.sum(1).max()) if rows.n_rows else 0
-    if longest == 0:
-        raise ValueError("cannot generate from an empty sequence: the tokenizer adds no BOS token "
-                         "and the text is empty")
+    lengths = rows.attention_mask.sum(1).tolist()
+    longest = max(lengths, default=0)
+    if 0 in lengths:
+        raise ValueError(f"cannot generate from an empty sequence (row {lengths.index(0)}): the tokenizer "
+                         "adds no BOS token and the text is empty")
     if longest + extra > model.max_length:
         raise ValueError(f"the sequence has {longest} tokens and the model's context is "
                          f"{model.max_length} tokens: nothing was computed")
@@ -45,9 +53,11 @@ def top_up(model, rows: Rows) -> Rows:
 
     Afterwards every row has valid logits after its last real token. A row whose last
     token is cached but whose logits were lost (a slice cut it there) has that one
-    token moved past the cache and recomputed.
+    token moved past the cache and recomputed. Holes in the cached slots are squeezed
+    out first when they waste much room (see :meth:`Rows.compact`).
     """
     _check_context(model, rows)
+    rows = rows.compact()
     mask = rows.attention_mask
     start = rows.cache_length
     uncached = mask[:, start:].sum(1)
@@ -70,74 +80,18 @@ def top_up(model, rows: Rows) -> Rows:
     # Last real slot of each row in the chunk; logits_to_keep covers the earliest of them.
     last = length - 1 - chunk.flip(1).argmax(1)
     keep = int(length - last[has_new].min())
-    logits, cache = model.forward(rows.token_ids[:, start:], mask, rows.cache, logits_to_keep=keep)
-    picked = logits[torch.arange(rows.n_rows), (last - (length - keep)).clamp(min=0)]
+    logits, cache = model.forward(rows.token_ids[:, start:], None if bool(mask.all()) else mask, rows.cache,
+                                  logits_to_keep=keep, n_real=int(chunk.sum()), holes=interior_holes(mask))
+    at = (last - (length - keep)).clamp(min=0).to(logits.device)
+    picked = logits[torch.arange(rows.n_rows, device=logits.device), at]
     if rows.logits is not None:
-        picked = torch.where(has_new[:, None], picked, rows.logits)
+        picked = torch.where(has_new.to(logits.device)[:, None], picked, rows.logits)
     return replace(rows, cache=cache, logits=picked, logits_ok=(True,) * rows.n_rows)
 
 
-class _Row:
-    """Per-row bookkeeping of one decoding call (copied when beams reorder rows)."""
-
-    __slots__ = ("origin", "detok", "ends", "text", "pending", "finished", "stop", "dead")
-
-    def __init__(self, origin: int, detok: Detokenizer):
-        self.origin, self.detok = origin, detok
-        self.ends: list[int] = []  # character ends, relative to the generated text
-        self.text = ""
-        self.pending = 0  # tokens waiting for the rest of an incomplete character
-        self.finished = False
-        self.stop: tuple[int, int] | None = None  # (start, end) of the stop string in text
-        self.dead = False  # a beam left with no allowed token: it has no value
-
-    def copy(self) -> "_Row":
-        new = _Row.__new__(_Row)
-        for name in self.__slots__:
-            setattr(new, name, getattr(self, name))
-        new.ends = list(self.ends)
-        new.detok = Detokenizer.__new__(Detokenizer)
-        new.detok.__dict__.update(self.detok.__dict__, ids=list(self.detok.ids))
-        return new
-
-    def add(self, token_id: int, stop_at: Sequence[str], longest_stop: int) -> str:
-        """Append a token; return the text it adds (cut at a stop string)."""
-        piece = self.detok.step(token_id)
-        if piece is None:
-            self.pending += 1
-            return ""
-        self._extend(piece)
-        if stop_at:
-            begin = max(0, len(self.text) - len(piece) - longest_stop + 1)
-            hits = [(self.text.find(s, begin), s) for s in stop_at]
-            hits = [(at, s) for at, s in hits if at >= 0]
-            if hits:
-                at, s = min(hits)
-                self.stop = (at, at + len(s))
-                self.finished = True
-                return piece[: max(0, at + len(s) - (len(self.text) - len(piece)))]
-        return piece
-
-    def _extend(self, piece: str) -> None:
-        self.text += piece
-        self.ends.extend([len(self.text)] * (self.pending + 1))
-        self.pending = 0
-
-    def flush(self) -> None:
-        if self.pending:
-            self.pending -= 1
-            self._extend(self.detok.flush())
-
-    @property
-    def value_text(self) -> str | None:
-        if self.dead:
-            return None
-        return self.text[: self.stop[0]] if self.stop else self.text
-
-
-def decode(model, rows: Rows, weights: torch.Tensor, index, sampler: Sampler, *, fork: int = 1,
-           max_tokens: int | None = None, stop_at: Sequence[str] = (), rng=None,
-           ) -> Iterator[list[str | None]]:
+def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sampler, *, fork: int = 1,
+           max_tokens: int | None = None, stop_at: Sequence[str] = (), rng=None, fast_forward: bool = True,
+           bans=None, heal: bool = False) -> Iterator[list[str | None]]:
     """Generate for every row; yields each step's text pieces, returns a :class:`Generation`.
 
     Parameters
@@ -146,8 +100,8 @@ def decode(model, rows: Rows, weights: torch.Tensor, index, sampler: Sampler, *,
         The backend.
     rows, weights
         The sequences to continue and their cumulative log-probabilities ``[rows]``.
-    index
-        The outlines_core ``Index`` constraining the new text, or ``None``.
+    constraint
+        The :class:`~continuous.engines.Constraint` of the new text, or ``None``.
     sampler
         Chooses tokens; beam search ranks the rows of each prompt together.
     fork
@@ -158,106 +112,194 @@ def decode(model, rows: Rows, weights: torch.Tensor, index, sampler: Sampler, *,
         Strings that end a row once generated (kept in the text, not in the value).
     rng
         ``torch.Generator`` of the sampler.
+    fast_forward
+        Forward the tokens a constraint forces together with the sampled one, in one call.
+    bans
+        A :class:`~continuous.ban.BanList`: a row whose text makes a banned match rewinds
+        to the token where it starts, forbids (or down-weights) that token there and goes on.
+    heal
+        Back each row up over its last tokens that a longer token could extend, and make
+        the first generated tokens spell them again (:mod:`continuous.heal`).
 
     Yields
     ------
     list
-        Per row, the text its new token added, or ``None`` for a finished row.
+        Per row, the text that may be streamed now (held back while it could still become
+        a banned match), or ``None`` for a finished row.
     """
     tokenizer = model.tokenizer
     eos = tokenizer.eos_token_id
+    if bans is not None and sampler.joint and sampler.samples > 1:
+        raise ValueError("ban= does not work with beam search: a rewind would have to re-rank every beam; "
+                         "use greedy or multinomial sampling")
     _check_context(model, rows, 1)
+    healed = [""] * rows.n_rows
+    if heal:
+        rows, healed = heal_rows(tokenizer, rows)
     rows = top_up(model, rows)
     if fork > 1:
         rows = rows.select([r for r in range(rows.n_rows) for _ in range(fork)])
         weights = weights.repeat_interleave(fork)
+        healed = [h for h in healed for _ in range(fork)]
     n = rows.n_rows
-    guides = RowGuides(index, n, model.vocab_size, len(tokenizer), eos)
-    state = [_Row(r, Detokenizer(tokenizer, rows.real_ids(r))) for r in range(n)]
-    allowed = guides.allowed(list(range(n)))
+    logits = start_logits = rows.logits
+    device = logits.device
+    weights = weights.to(device=device, dtype=torch.float32)
+    matchers = None
+    if any(healed):
+        strings = token_strings(tokenizer)
+        matchers = []
+        for r, h in enumerate(healed):
+            ends = rows.ends[r]
+            window = rows.texts[r][ends[-4] if len(ends) >= 4 else 0:] if h else ""
+            matchers.append(HealMatcher(h, constraint.matcher() if constraint is not None else None, strings,
+                                        tokenizer, len(tokenizer), eos, window))
+    masks = RowMasks(constraint, n, model.vocab_size, len(tokenizer), eos, device, matchers)
+    hanging = [dangling(tokenizer, rows.real_ids(r)) for r in range(n)]
+    state = [RowState(r, rows.real_ids(r), tokenizer, bans.matcher() if bans is not None else None, len(healed[r]),
+                  hanging[r]) for r in range(n)]
+    # Text and token ends before this call; a dangling character's old (replacement) text goes.
+    base_text = [t[: e[-h - 1] if len(e) > h else 0] if h else t for t, e, h in zip(rows.texts, rows.ends, hanging)]
+    base_ends = [e[: len(e) - h] for e, h in zip(rows.ends, hanging)]
     for r in range(n):
-        state[r].finished = _only_eos(allowed[r], eos)
+        state[r].finished = masks.done(r)
     room = model.max_length - int(rows.attention_mask.sum(1).max())
     steps = room if max_tokens is None else min(max_tokens, room)
-    token_ids, mask, cache, logits = rows.token_ids, rows.attention_mask, rows.cache, rows.logits
+    if steps <= 0:
+        for row in state:
+            row.finished = True
+    cache = rows.cache
+    token_ids, host_mask = rows.token_ids, rows.attention_mask  # host copies, reordered with the rows
+    width0 = token_ids.shape[1]
+    columns: list[list[int]] = []  # generated ids per column (pad for holes), host
+    reals: list[list[bool]] = []  # per column, which rows hold a real token there
+    mask = host_mask.to(device)  # the device copy the forwards read
+    all_real = bool(host_mask.all())  # no padding and no hole yet: forwards need no mask
+    holes = interior_holes(host_mask)
     logits_ok = [True] * n
     stop_at = [s for s in stop_at if s]
     longest_stop = max((len(s) for s in stop_at), default=0)
-    beam_fork = isinstance(sampler, BeamSearch) and fork > 1
     sentinel = eos if eos is not None else 0
+    identity = list(range(n))
+    step_logprobs: list[torch.Tensor] = []  # per step, the sampled tokens' log-probabilities [rows]
 
-    for step in range(steps):
-        if all(row.finished for row in state):
-            break
-        masked = logits.masked_fill(~allowed, -torch.inf)
-        done = torch.tensor([row.finished for row in state])
-        if done.any():
+    def hole_at(r: int, slot: int) -> None:
+        """Turn a generated token's slot into a hole (host grid and device mask)."""
+        reals[slot][r] = False
+        columns[slot][r] = rows.pad
+        mask[r, width0 + slot] = 0
+
+    step = 0
+    while not all(row.finished for row in state):
+        allowed = masks.allowed()
+        masked = logits if allowed is None else logits.masked_fill(~allowed, -torch.inf)
+        masked = apply_bans(masked, state)
+        finished = [row.finished for row in state]
+        if any(finished):
             # A finished row may only "emit" EOS at no cost: its weight stays, and beam
             # search can keep it among the best rows.
-            masked[done] = -torch.inf
-            masked[done, sentinel] = 0.0
+            done = torch.tensor(finished, device=device)[:, None]
+            free = torch.zeros_like(masked[:1]).index_fill_(1, torch.tensor([sentinel], device=device), 1)
+            masked = torch.where(done, torch.where(free.bool(), 0.0, -torch.inf), masked)
         rank = weights
-        if beam_fork and step == 0:
-            # Forked beams are identical: rank only the first so they pick distinct tokens.
+        if sampler.joint and fork > 1 and step == 0:
+            # Forked rows are identical: rank only the first so they pick distinct tokens.
             rank = weights.clone().view(-1, fork)
             rank[:, 1:] = -torch.inf
             rank = rank.view(-1)
-        ids, ancestors, weights = sampler(masked, rank, rng)
-        if not torch.equal(ancestors, torch.arange(n)):
-            token_ids, mask = token_ids[ancestors], mask[ancestors]
-            logits, allowed = logits[ancestors], allowed[ancestors]
+        ids, ancestors, new_weights = sampler(masked, rank, rng)
+        step_logprobs.append(new_weights - weights[ancestors])
+        weights = new_weights
+        # The one transfer of the step: ids, ancestors and which rows are left with no allowed token.
+        no_token = masked[ancestors, ids] == -torch.inf
+        ids_h, anc_h, dead = torch.stack([ids, ancestors, no_token.long()]).tolist()
+        if anc_h != identity:
+            logits, mask = logits[ancestors], mask[ancestors]
+            token_ids, host_mask = token_ids[anc_h], host_mask[anc_h]
+            columns = [[col[a] for a in anc_h] for col in columns]
+            reals = [[col[a] for a in anc_h] for col in reals]
             cache = cache.select_rows(ancestors) if cache is not None else None
-            order = ancestors.tolist()
-            guides.select(order)
-            state = [state[a].copy() for a in order]
-            logits_ok = [logits_ok[a] for a in order]
-        column, pieces = [], []
-        # Beam search may have to keep more rows than there are allowed tokens: the
-        # extra rows get a -inf weight and a token the constraint forbids; they end here.
-        dead = (~torch.isfinite(weights)).tolist()
-        for r, t in enumerate(ids.tolist()):
+            masks.select(anc_h)
+            state = [state[a].copy() for a in anc_h]
+            logits_ok = [logits_ok[a] for a in anc_h]
+        chunks: list[list[int]] = []
+        rewound = 0  # forwarded tokens that rewinds took back
+        for r, t in enumerate(ids_h):
             row = state[r]
             if row.finished or t == eos or dead[r]:
-                row.dead = row.dead or (dead[r] and not row.finished)
+                if dead[r] and row.bans.get(len(row.tokens)):
+                    warn_exhausted(r, row)  # every allowed token here starts a banned phrase
+                else:
+                    # Beam search may have to keep more rows than there are allowed tokens:
+                    # the extra rows get a -inf weight; they end here with no value.
+                    row.dead = row.dead or (bool(dead[r]) and not row.finished)
                 row.finished = True
-                column.append(None)
-                pieces.append(None)
+                chunks.append([])
                 continue
-            column.append(t)
-            guides.advance(r, t)
-            pieces.append(row.add(t, stop_at, longest_stop))
-        active = [r for r in range(n) if not state[r].finished]
-        if active:
-            allowed = allowed.clone()
-            allowed[active] = guides.allowed(active)
-            for r in active:
-                state[r].finished = _only_eos(allowed[r], eos)
-        yield pieces
-        real = torch.tensor([t is not None for t in column])
-        col_ids = torch.tensor([rows.pad if t is None else t for t in column], dtype=torch.long)[:, None]
-        token_ids = torch.cat([token_ids, col_ids], 1)
-        mask = torch.cat([mask, real.long()[:, None]], 1)
-        if all(row.finished for row in state) or step == steps - 1:
-            logits_ok = [ok and not real[r] for r, ok in enumerate(logits_ok)]
+            chunk, sampled, match = [t], step, None
+            while True:  # the sampled token, then any the constraint forces (fast-forward)
+                masks.advance(r, chunk[-1])
+                match = row.add(chunk[-1], sampled, stop_at, longest_stop)
+                sampled = None
+                if masks.done(r) or len(row.tokens) >= steps:
+                    row.finished = True
+                if match is not None or row.finished or not fast_forward:
+                    break
+                forced = masks.forced(r)
+                if not forced:
+                    break
+                chunk.append(forced[0])
+            if match is not None:
+                forwarded = len(row.slots)
+                chunk = rewind(row, r, match, chunk, masks, tokenizer, step_logprobs, weights, hole_at)
+                rewound += forwarded - len(row.slots)
+                if not chunk and row.tokens:  # the last kept token comes back to give its logits
+                    chunk = [row.tokens[-1]]
+                    hole_at(r, row.slots.pop())
+                    rewound += 1
+                elif not chunk:  # back to the start of the call: its logits were kept
+                    logits = logits.clone()
+                    logits[r] = start_logits[r]
+            chunks.append(chunk)
+        step += 1
+        yield [row.release() if not (row.finished and row.released >= len(row.text)) else None
+               for row in state]
+        # Right-aligned: every row's newest token sits in the last slot, where the logits are read.
+        width = max(len(c) for c in chunks)
+        real = [[j >= width - len(c) for j in range(width)] for c in chunks]
+        new_ids = [[c[j - width + len(c)] if ok[j] else rows.pad for j in range(width)] for c, ok in zip(chunks, real)]
+        for r, c in enumerate(chunks):
+            state[r].slots.extend(range(len(columns) + width - len(c), len(columns) + width))
+        columns.extend(map(list, zip(*new_ids)))
+        reals.extend(map(list, zip(*real)))
+        real_dev = torch.tensor(real, device=device)
+        mask = torch.cat([mask, real_dev.long()], 1)
+        all_real = all_real and all(map(all, real)) and not any(row.rewinds for row in state)
+        holes = holes or any(0 < len(c) < width for c in chunks) or any(row.rewinds for row in state)
+        if rewound:
+            model.stats.record_rewound(rewound)
+        if all(row.finished for row in state):
+            logits_ok = [ok and not c for ok, c in zip(logits_ok, chunks)]
             break
-        new_logits, cache = model.forward(col_ids, mask, cache, logits_to_keep=1)
-        logits = torch.where(real[:, None], new_logits[:, -1], logits)
+        new_logits, cache = model.forward(torch.tensor(new_ids, device=device), None if all_real else mask, cache,
+                                          logits_to_keep=1, n_real=sum(map(len, chunks)), holes=holes)
+        logits = torch.where(real_dev[:, -1:], new_logits[:, -1], logits)
 
     for row in state:
         row.flush()
-    texts = [rows.texts[row.origin] + row.text for row in state]
-    ends = [rows.ends[row.origin] + tuple(len(rows.texts[row.origin]) + e for e in row.ends)
-            for row in state]
-    out = Rows(token_ids, mask, cache, tuple(texts), tuple(ends), logits, tuple(logits_ok), rows.pad)
+    if columns:
+        token_ids = torch.cat([token_ids, torch.tensor(columns, dtype=torch.long).T], 1)
+        host_mask = torch.cat([host_mask, torch.tensor(reals, dtype=torch.long).T], 1)
+    texts = [base_text[row.origin] + row.text for row in state]
+    ends = [base_ends[row.origin]
+            + (len(base_text[row.origin]) + (row.dangling_end if row.dangling_end is not None else len(row.text)),)
+            * row.dangling + tuple(len(base_text[row.origin]) + e for e in row.ends) for row in state]
+    out = Rows(token_ids, host_mask, cache, tuple(texts), tuple(ends), logits, tuple(logits_ok), rows.pad)
     # Trim columns no row uses, and cut rows whose last token ran past a stop string.
-    cuts = [len(rows.texts[row.origin]) + row.stop[1] if row.stop else len(texts[r])
+    cuts = [len(base_text[row.origin]) + row.stop[1] if row.stop else len(texts[r])
             for r, row in enumerate(state)]
     if any(c < len(t) for c, t in zip(cuts, texts)):
         out = out.with_text(tokenizer, cuts, [""] * n)
     else:
         out = out.edit([(len(e), [], [], t) for e, t in zip(ends, texts)])
-    return Generation(out, weights, [row.value_text for row in state])
-
-
-def _only_eos(allowed_row: torch.Tensor, eos: int | None) -> bool:
-    return eos is not None and bool(allowed_row[eos]) and int(allowed_row.sum()) == 1
+    return Generation(out, weights.cpu(), [row.value_text for row in state])

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from tokenizers.decoders import DecodeStream
 
-__all__ = ["Detokenizer", "backend_of"]
+__all__ = ["Detokenizer", "backend_of", "dangling"]
 
 # Tokens of context the stream is primed with. A few are enough for every decoder we
 # know (SentencePiece's leading space, byte fallback's 4-byte characters), and a short
@@ -170,3 +170,18 @@ class Detokenizer:
     def _advance(self) -> None:
         self._done = self._window(self._done + self._pending)
         self._pending = []
+
+
+def dangling(tokenizer, context: Sequence[int]) -> int:
+    """How many last tokens of ``context`` end inside a character (their text is not out yet).
+
+    A call that stopped there flushed them as replacement characters; the next call
+    decodes them again with the tokens that complete the character.
+    """
+    ids = [int(i) for i in list(context)[-2 * _CONTEXT:]]
+    split = max(0, len(ids) - _CONTEXT)
+    detok = Detokenizer(tokenizer, ids[:split])
+    held = 0
+    for t in ids[split:]:
+        held = 0 if detok.step(t) is not None else held + 1
+    return held

@@ -2,7 +2,7 @@
 
 __all__ = [
     "SampleMismatch", "BatchMismatch", "SlicingError", "CacheResetWarning",
-    "SampleMismatchError", "BatchMismatchError",
+    "SampleMismatchError", "BatchMismatchError", "BanExhausted",
 ]
 
 
@@ -20,6 +20,10 @@ class SlicingError(Exception):
 
 class CacheResetWarning(UserWarning):
     """An operation changed token positions, so the KV cache was dropped."""
+
+
+class BanExhausted(UserWarning):
+    """A row could not avoid a banned phrase: it ends with its longest clean prefix."""
 
 
 SampleMismatchError = SampleMismatch

@@ -1,20 +1,29 @@
-"""The local KV cache as a value.
+"""The local KV cache as a value, and the transformers ``Cache`` that one forward writes into.
 
 A :class:`KVCache` is a view ``(buffer, length)`` on a preallocated buffer shared by
 every state that grew from the same computation. Slots ``[0, length)`` of a buffer are
 never written again once filled, so a shorter view (a cropped state, an older state)
 stays valid when a longer one appends. A view appends in place only when it is the
-buffer's tip (``length == buffer.filled``); any other view copies its prefix first
+buffer's tip; the tip is *claimed* under the buffer's lock, so two threads continuing
+states that share a tip never write the same slots: the second one copies its prefix
 (copy on write). Capacity grows by doubling, so decoding never copies the whole cache
 per token, as gpt-fast's preallocated cache does.
+
+:class:`ForwardCache` is a ``transformers.Cache`` with one layer object per model
+layer and the layer's kind (full or sliding-window attention). transformers builds
+each layer kind's mask from the 2D mask and these layers; hybrid models (Gemma 2/3)
+need no code of ours. Sliding-window layers keep every slot too: a state may be
+rewound or cropped anywhere, which a rolling window could not serve.
 """
 
 from __future__ import annotations
 
-import torch
-from transformers.cache_utils import Cache
+import threading
 
-__all__ = ["KVCache"]
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+__all__ = ["KVCache", "ForwardCache", "StaticStepCache", "capacity_for"]
 
 _MIN_CAPACITY = 64
 
@@ -22,21 +31,60 @@ _MIN_CAPACITY = 64
 class _Buffer:
     """Per-layer key and value tensors ``[rows, kv_heads, capacity, head_dim]``."""
 
-    __slots__ = ("keys", "values", "capacity", "filled", "rows")
+    __slots__ = ("keys", "values", "capacity", "filled", "rows", "lock")
 
     def __init__(self, rows: int, capacity: int):
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.rows = rows
         self.capacity = capacity
-        self.filled = 0
+        self.filled = 0  # slots claimed by a view: only the tip (length == filled) appends in place
+        self.lock = threading.Lock()
+
+    def claim(self, start: int, end: int) -> bool:
+        """Atomically take slots ``[start, end)`` for appending in place, if ``start`` is the tip."""
+        with self.lock:
+            if start == self.filled and end <= self.capacity:
+                self.filled = end
+                return True
+            return False
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
 
-def _capacity_for(needed: int) -> int:
+def capacity_for(needed: int) -> int:
+    """The capacity (a power of two, at least 64) that holds ``needed`` slots."""
     capacity = _MIN_CAPACITY
     while capacity < needed:
         capacity *= 2
     return capacity
+
+
+def _gather(buffer: _Buffer, rows: torch.Tensor | None, slots: torch.Tensor | None, length: int,
+            capacity: int) -> _Buffer:
+    """A new buffer holding ``length`` slots of ``buffer``: the given rows, and per row the given slots.
+
+    ``rows`` (``[new_rows]``) selects rows (``None``: all); ``slots`` (``[new_rows, length]``)
+    picks, per new row, which old slots fill its slots ``[0, length)`` (``None``: the same slots).
+    """
+    n_rows = buffer.rows if rows is None else rows.numel()
+    new = _Buffer(n_rows, capacity)
+    with torch.no_grad():
+        for old_layer, new_layer in ((buffer.keys, new.keys), (buffer.values, new.values)):
+            for t in old_layer:
+                src = t[:, :, :length] if slots is None else t
+                if rows is not None:
+                    src = src.index_select(0, rows.to(t.device))
+                if slots is not None:
+                    idx = slots.to(t.device)[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
+                    src = src.gather(2, idx)
+                out = t.new_zeros((n_rows, t.shape[1], capacity, t.shape[3]))
+                out[:, :, :length] = src
+                new_layer.append(out)
+    new.filled = length
+    return new
 
 
 class KVCache:
@@ -60,6 +108,10 @@ class KVCache:
     def rows(self) -> int:
         return self._buffer.rows
 
+    @property
+    def capacity(self) -> int:
+        return self._buffer.capacity
+
     def __repr__(self) -> str:
         return f"KVCache(rows={self.rows}, length={self.length}, capacity={self._buffer.capacity})"
 
@@ -75,81 +127,147 @@ class KVCache:
         the covered slots of the selected rows into a new buffer.
         """
         rows = torch.as_tensor(rows, dtype=torch.long)
-        if rows.numel() == self.rows and torch.equal(rows, torch.arange(self.rows)):
+        if rows.numel() == self.rows and torch.equal(rows.cpu(), torch.arange(self.rows)):
             return self
-        src = self._buffer
-        new = _Buffer(rows.numel(), _capacity_for(self.length + 1))
-        with torch.no_grad():
-            for k, v in zip(src.keys, src.values):
-                nk = k.new_empty((new.rows, k.shape[1], new.capacity, k.shape[3]))
-                nv = v.new_empty((new.rows, v.shape[1], new.capacity, v.shape[3]))
-                nk[:, :, : self.length] = k[rows, :, : self.length]
-                nv[:, :, : self.length] = v[rows, :, : self.length]
-                new.keys.append(nk)
-                new.values.append(nv)
-        new.filled = self.length
-        return KVCache(new, self.length)
+        return KVCache(_gather(self._buffer, rows, None, self.length, capacity_for(self.length + 1)), self.length)
+
+    def gather_rows_slots(self, rows: torch.Tensor, slots: torch.Tensor) -> "KVCache | None":
+        """A compacted copy: its row ``i`` slot ``j`` is this view's row ``rows[i]`` slot ``slots[i, j]``.
+
+        Used to squeeze out holes: positions are part of the keys (rotary embeddings are
+        applied before caching), so moving a slot does not change what it means.
+        """
+        length = slots.shape[1]
+        if length == 0:
+            return None
+        return KVCache(_gather(self._buffer, rows, slots, length, capacity_for(length + 1)), length)
+
+
+class _Layer(CacheLayerMixin):
+    """One model layer's view of a :class:`ForwardCache`: writes its new slots into the buffer."""
+
+    is_compileable = False
+    is_croppable = True
+
+    def __init__(self, owner: "ForwardCache", index: int, sliding: bool):
+        super().__init__()
+        self.owner, self.index, self.is_sliding = owner, index, sliding
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # storage is the shared buffer
+        pass
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        owner, buf = self.owner, self.owner._buffer
+        if self.index == len(buf.keys):  # the first forward into a new buffer allocates lazily
+            # Zeros, not empty memory: a compiled step attends over the whole capacity, and
+            # a NaN bit pattern in an unused slot would leak through a zero weight.
+            shape = (buf.rows, key_states.shape[1], buf.capacity, key_states.shape[3])
+            buf.keys.append(key_states.new_zeros(shape))
+            buf.values.append(value_states.new_zeros(shape[:3] + (value_states.shape[3],)))
+        keys, values = buf.keys[self.index], buf.values[self.index]
+        keys[:, :, owner.start : owner.end] = key_states
+        values[:, :, owner.start : owner.end] = value_states
+        return keys[:, :, : owner.end], values[:, :, : owner.end]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.start + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.start
+
+    def get_max_length(self) -> int:
+        return -1
 
 
 class ForwardCache(Cache):
-    """The transformers ``Cache`` that one forward pass writes into.
+    """The transformers ``Cache`` one forward pass writes into.
 
-    It appends ``n`` slots after ``start`` to a writable buffer and hands the model the
-    keys and values of slots ``[0, start + n)``. Call :meth:`result` after the forward
-    to get the new :class:`KVCache` view.
+    It appends ``n_new`` slots after ``cache.length`` and hands each layer the keys and
+    values of slots ``[0, start + n_new)``. Call :meth:`result` after the forward to get
+    the new :class:`KVCache` view.
+
+    Parameters
+    ----------
+    cache
+        The view continued, or ``None`` for a fresh buffer.
+    rows, n_new
+        Rows of the forward and slots it appends.
+    layer_kinds
+        Per model layer, whether it is a sliding-window layer.
     """
 
-    def __init__(self, cache: KVCache | None, rows: int, n_new: int):
-        # Cache.__init__ wants layer objects we do not use: the buffer is the storage.
-        self.layers = []
-        self.layer_class_to_replicate = None
-        self.offloading = False
+    def __init__(self, cache: KVCache | None, rows: int, n_new: int, layer_kinds: list[bool]):
         self.start = cache.length if cache is not None else 0
         self.end = self.start + n_new
         if cache is None:
-            self._buffer = _Buffer(rows, _capacity_for(self.end))
-        elif cache.length == cache._buffer.filled and self.end <= cache._buffer.capacity:
+            self._buffer = _Buffer(rows, capacity_for(self.end))
+            self._buffer.filled = self.end
+        elif cache._buffer.claim(self.start, self.end):
             self._buffer = cache._buffer  # the tip of its buffer: append in place
         else:
-            self._buffer = self._copy_prefix(cache, _capacity_for(self.end))
-
-    @staticmethod
-    def _copy_prefix(cache: KVCache, capacity: int) -> _Buffer:
-        src = cache._buffer
-        if cache.length == src.filled:
-            capacity = max(capacity, 2 * src.capacity)  # growing the tip: amortized doubling
-        new = _Buffer(src.rows, capacity)
-        for k, v in zip(src.keys, src.values):
-            nk = k.new_empty((k.shape[0], k.shape[1], capacity, k.shape[3]))
-            nv = v.new_empty((v.shape[0], v.shape[1], capacity, v.shape[3]))
-            nk[:, :, : cache.length] = k[:, :, : cache.length]
-            nv[:, :, : cache.length] = v[:, :, : cache.length]
-            new.keys.append(nk)
-            new.values.append(nv)
-        return new
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        buf = self._buffer
-        if layer_idx == len(buf.keys):  # first forward into a new buffer: allocate lazily
-            shape = (buf.rows, key_states.shape[1], buf.capacity, key_states.shape[3])
-            buf.keys.append(key_states.new_empty(shape))
-            buf.values.append(value_states.new_empty(shape[:3] + (value_states.shape[3],)))
-        keys, values = buf.keys[layer_idx], buf.values[layer_idx]
-        keys[:, :, self.start : self.end] = key_states
-        values[:, :, self.start : self.end] = value_states
-        return keys[:, :, : self.end], values[:, :, : self.end]
+            src = cache._buffer
+            capacity = capacity_for(self.end)
+            if cache.length == src.filled:
+                capacity = max(capacity, 2 * src.capacity)  # growing the tip: amortized doubling
+            self._buffer = _gather(src, None, None, cache.length, capacity)
+            self._buffer.filled = self.end
+        super().__init__(layers=[_Layer(self, i, sliding) for i, sliding in enumerate(layer_kinds)])
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.start
 
-    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        return self.start + query_length, 0
-
-    @property
-    def is_compileable(self) -> bool:
-        return False
+    def abort(self) -> None:
+        """Give back the claimed slots after a failed forward: the continued view stays the tip."""
+        with self._buffer.lock:
+            if self._buffer.filled == self.end:
+                self._buffer.filled = self.start
 
     def result(self) -> KVCache:
-        """The view covering ``[0, start + n)`` after the forward wrote it."""
-        self._buffer.filled = self.end
+        """The view covering ``[0, start + n_new)`` after the forward wrote it."""
         return KVCache(self._buffer, self.end)
+
+
+class _StaticLayer(CacheLayerMixin):
+    """A layer of :class:`StaticStepCache`: writes one slot at a tensor index, returns the whole capacity."""
+
+    is_compileable = True
+    is_croppable = False
+
+    def __init__(self, owner: "StaticStepCache", index: int, sliding: bool):
+        super().__init__()
+        self.owner, self.index, self.is_sliding = owner, index, sliding
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # the buffer exists already
+        pass
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        keys, values = self.owner.keys[self.index], self.owner.values[self.index]
+        keys.index_copy_(2, self.owner.write_at, key_states)
+        values.index_copy_(2, self.owner.write_at, value_states)
+        return keys, values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.capacity, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.write_at
+
+    def get_max_length(self) -> int:
+        return self.owner.capacity
+
+
+class StaticStepCache(Cache):
+    """The transformers ``Cache`` of a compiled one-token decode step: fixed shapes throughout.
+
+    Every layer writes its new slot at ``write_at`` (a 0-d tensor, so that a compiled
+    step is not specialized on it) into the full-capacity buffer and attends over all
+    of it; the masks say which slots count. Build it from a :class:`ForwardCache` that
+    claimed the slot, so copy on write and the tip's lock work as for any forward.
+    """
+
+    def __init__(self, fc: ForwardCache, layer_kinds: list[bool], write_at: torch.Tensor):
+        buf = fc._buffer
+        self.keys, self.values, self.capacity, self.write_at = buf.keys, buf.values, buf.capacity, write_at
+        super().__init__(layers=[_StaticLayer(self, i, sliding) for i, sliding in enumerate(layer_kinds)])

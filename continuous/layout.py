@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["Rows", "encode", "retokenize", "Detokenizer"]
+__all__ = ["Rows", "encode", "retokenize", "interior_holes"]
 
 
 def encode(tokenizer, text: str, special: bool) -> tuple[list[int], list[int]]:
@@ -85,42 +85,18 @@ def retokenize(tokenizer, ids: Sequence[int], ends: Sequence[int], text: str, cu
     return keep, new_ids, [end_kept + e for e in new_ends]
 
 
-class Detokenizer:
-    """Incremental decoding of one row's new tokens into text pieces.
+def interior_holes(mask: torch.Tensor) -> bool:
+    """Whether some row of a host mask has a hole between two of its real tokens (left padding is none)."""
+    m = mask.bool()
+    slots = torch.arange(m.shape[1])
+    first = torch.where(m, slots, m.shape[1]).min(1).values
+    last = torch.where(m, slots, -1).max(1).values
+    count = m.sum(1)
+    return bool(((last - first + 1 > count) & (count > 0)).any())
 
-    A piece is held back while the text ends in an incomplete UTF-8 sequence; the
-    tokens that made it *pending* get the character end of the token that completes it,
-    so a character slice never keeps half a character.
-    """
 
-    def __init__(self, tokenizer, context: Sequence[int]):
-        self.tokenizer = tokenizer
-        self.ids = list(context[-6:])
-        self.prefix = 0
-        self.read = len(self.ids)
-
-    def _decode(self, ids) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-    def step(self, token_id: int, final: bool = False) -> str | None:
-        """The text the token adds, or ``None`` while the text is an incomplete character."""
-        self.ids.append(token_id)
-        return self.flush() if final else self._piece(False)
-
-    def flush(self) -> str:
-        """Whatever text is held back, with replacement characters for incomplete bytes."""
-        return self._piece(True) or ""
-
-    def _piece(self, force: bool) -> str | None:
-        before = self._decode(self.ids[self.prefix : self.read])
-        now = self._decode(self.ids[self.prefix :])
-        if now.endswith("\ufffd") and not force:
-            return None
-        if len(self.ids) == self.read:
-            return ""
-        piece = now[len(before):] if now.startswith(before) else now
-        self.prefix, self.read = self.read, len(self.ids)
-        return piece
+#: Holes are squeezed out of a cache once they take more than this share of its slots.
+COMPACT_SHARE = 0.125
 
 
 @dataclass(frozen=True, eq=False)
@@ -188,14 +164,64 @@ class Rows:
         return replace(self, cache=None, logits=None, logits_ok=(False,) * self.n_rows)
 
     def select(self, rows: Sequence[int]) -> "Rows":
-        """The given rows, in that order (indices may repeat). Caches are kept."""
+        """The given rows, in that order (indices may repeat). Caches are kept, holes squeezed out."""
         idx = torch.as_tensor(list(rows), dtype=torch.long)
+        if self._compactable and not torch.equal(idx, torch.arange(self.n_rows)):
+            return self._gathered(idx, force=True)  # the rows are copied anyway: squeeze holes on the way
         cache = self.cache.select_rows(idx) if self.cache is not None else None
         out = Rows(
             self.token_ids[idx], self.attention_mask[idx], cache,
             tuple(self.texts[i] for i in rows), tuple(self.ends[i] for i in rows),
-            self.logits[idx] if self.logits is not None else None,
+            self.logits[idx.to(self.logits.device)] if self.logits is not None else None,
             tuple(self.logits_ok[i] for i in rows), self.pad,
+        )
+        return out.edit([(len(e), [], [], t) for e, t in zip(out.ends, out.texts)])
+
+    def compact(self) -> "Rows":
+        """The same rows with the holes of the cached slots squeezed out, when they waste room.
+
+        Each row's cached tokens move right-aligned into the fewest slots; uncached slots
+        follow unchanged. Memory and attention then follow real tokens, not history.
+        """
+        length = self.cache_length
+        if length == 0 or not self._compactable:
+            return self
+        widest = int(self.attention_mask[:, :length].sum(1).max())
+        if length - widest <= COMPACT_SHARE * length:
+            return self
+        return self._gathered(None)
+
+    @property
+    def _compactable(self) -> bool:
+        # A swarm session's cache cannot move slots; a local one can.
+        return hasattr(self.cache, "gather_rows_slots")
+
+    def _gathered(self, rows: torch.Tensor | None, force: bool = False) -> "Rows":
+        """Rows ``rows`` (all when ``None``), each row's cached tokens right-aligned, cache copied."""
+        idx = torch.arange(self.n_rows) if rows is None else rows
+        length = self.cache_length
+        cached = self.attention_mask[idx, :length].bool()
+        counts = cached.sum(1)
+        width = int(counts.max()) if len(idx) else 0
+        if not force and width == length:
+            return self
+        slots = torch.zeros((len(idx), width), dtype=torch.long)
+        token_ids = torch.full((len(idx), width), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for i, r in enumerate(idx.tolist()):
+            real = cached[i].nonzero().flatten()
+            k = real.numel()
+            slots[i, width - k:] = real
+            token_ids[i, width - k:] = self.token_ids[r, real]
+            mask[i, width - k:] = 1
+        cache = self.cache.gather_rows_slots(idx, slots) if width else None
+        rest = slice(length, None)
+        picked = [int(r) for r in idx]
+        out = Rows(
+            torch.cat([token_ids, self.token_ids[idx, rest]], 1), torch.cat([mask, self.attention_mask[idx, rest]], 1),
+            cache, tuple(self.texts[r] for r in picked), tuple(self.ends[r] for r in picked),
+            self.logits[idx.to(self.logits.device)] if self.logits is not None else None,
+            tuple(self.logits_ok[r] for r in picked), self.pad,
         )
         return out.edit([(len(e), [], [], t) for e, t in zip(out.ends, out.texts)])
 

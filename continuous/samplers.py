@@ -63,9 +63,17 @@ def check_seed(seed) -> int | None:
 
 
 class Sampler:
-    """Base class. ``samples`` is the number of rows per prompt the sampler keeps."""
+    """Base class. ``samples`` is the number of rows per prompt the sampler keeps.
+
+    ``joint`` says that the sampler ranks the rows of a prompt together (beam search):
+    rows forked from one prefix are then identical at the first step, and the loop
+    ranks only the first of them so that they choose distinct tokens. Samplers work on
+    the logits' device; ``rng`` is a CPU generator whose draws travel to the device, so
+    a seed gives the same choices on every device.
+    """
 
     samples: int = 1
+    joint = False
 
     def __call__(self, logits: torch.Tensor, weights: torch.Tensor, rng: torch.Generator | None,
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -84,7 +92,7 @@ class Greedy(Sampler):
     def __call__(self, logits, weights, rng=None):
         logprobs = torch.log_softmax(logits, dim=-1)
         ids = logprobs.argmax(dim=-1)
-        ancestors = torch.arange(logits.shape[0])
+        ancestors = torch.arange(logits.shape[0], device=logits.device)
         return ids, ancestors, weights + logprobs.gather(1, ids[:, None]).squeeze(1)
 
 
@@ -123,8 +131,13 @@ class Multinomial(Sampler):
 
     def __call__(self, logits, weights, rng=None):
         logprobs = torch.log_softmax(self.process(logits), dim=-1)
-        ids = torch.multinomial(logprobs.exp(), 1, generator=rng).squeeze(1)
-        ancestors = torch.arange(logits.shape[0])
+        # Inverse-CDF sampling from uniform draws of a CPU generator: the same seed gives
+        # the same tokens whatever the device, and nothing but the draws crosses to it.
+        u = torch.rand(logits.shape[0], 1, generator=rng, dtype=torch.float64).to(logits.device)
+        cdf = logprobs.double().exp().cumsum(-1)
+        # The first token whose CDF exceeds the draw: it has a positive probability.
+        ids = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
+        ancestors = torch.arange(logits.shape[0], device=logits.device)
         return ids, ancestors, weights + logprobs.gather(1, ids[:, None]).squeeze(1)
 
 
@@ -133,6 +146,7 @@ class BeamSearch(Sampler):
     """Beam search: each prompt keeps ``beams`` rows, the most likely continuations overall."""
 
     samples: int = 1
+    joint = True
 
     def __post_init__(self):
         _check_count(self.samples, "beams")
@@ -148,7 +162,7 @@ class BeamSearch(Sampler):
         logprobs = torch.log_softmax(logits, dim=-1)
         scores = (weights[:, None] + logprobs).view(batch, k * vocab)
         top, flat = torch.topk(scores, k, dim=-1)
-        ancestors = (flat // vocab + torch.arange(batch)[:, None] * k).view(-1)
+        ancestors = (flat // vocab + torch.arange(batch, device=logits.device)[:, None] * k).view(-1)
         return (flat % vocab).view(-1), ancestors, top.view(-1)
 
 

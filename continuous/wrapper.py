@@ -9,14 +9,15 @@ import torch
 from .decoding import Generation, decode
 from .errors import SampleMismatch
 from .generate.base import SequenceGenerator
+from .guides import IndexConstraint
 from .layout import Rows
-from .samplers import Greedy
+from .samplers import Greedy, check_seed
 from .state import SequenceState, shape_rows
 
 __all__ = ["ContinuousGenerator", "continuous"]
 
 
-def continuous(generator) -> "ContinuousGenerator":
+def continuous(generator, *, fast_forward: bool = True) -> "ContinuousGenerator":
     """Wrap a generator so that it takes and returns :class:`~continuous.state.SequenceState`.
 
     Parameters
@@ -25,8 +26,12 @@ def continuous(generator) -> "ContinuousGenerator":
         A generator from ``continuous.generate``, or an outlines 1.x ``outlines.Generator``
         built on ``outlines.from_transformers(...)`` (its ``Index`` is reused; ``value``
         is then the generated string).
+    fast_forward
+        Where the constraint allows exactly one continuation, forward those tokens with
+        the sampled one in a single call (the text and tokens are the same as one by one;
+        ``model.stats.forward_calls`` shows the saving).
     """
-    return ContinuousGenerator(generator)
+    return ContinuousGenerator(generator, fast_forward=fast_forward)
 
 
 def _from_outlines(generator) -> SequenceGenerator:
@@ -51,8 +56,9 @@ def _from_outlines(generator) -> SequenceGenerator:
 class ContinuousGenerator:
     """A generator that returns SequenceStates. Build it with :func:`continuous`."""
 
-    def __init__(self, generator):
+    def __init__(self, generator, fast_forward: bool = True):
         self.generator = generator if isinstance(generator, SequenceGenerator) else _from_outlines(generator)
+        self.fast_forward = fast_forward
 
     @property
     def model(self):
@@ -62,7 +68,7 @@ class ContinuousGenerator:
         return f"continuous({self.generator.kind} generator, sampler={self.generator.sampler})"
 
     def __call__(self, prompt, max_tokens: int | None = None, stop_at: str | Sequence[str] | None = None,
-                 seed: int | None = None, rng: torch.Generator | None = None) -> SequenceState:
+                 seed: int | None = None, rng: torch.Generator | None = None, heal: bool = False) -> SequenceState:
         """Generate from prompts or continue a state.
 
         Parameters
@@ -77,13 +83,18 @@ class ContinuousGenerator:
             state's text, not in ``value``).
         seed, rng
             Make sampling reproducible: an int seed, or a ``torch.Generator``.
+        heal
+            Token healing: back up over the input's last tokens (at most a few) whose text a
+            longer token could extend, and make the first generated tokens spell that text
+            again; the result's text starts with the input's text, and ``value`` leaves the
+            re-spelled text out. The crop keeps the cache.
 
         Returns
         -------
         SequenceState
             The input continued; ``value`` holds this call's typed results.
         """
-        stream = self.stream(prompt, max_tokens=max_tokens, stop_at=stop_at, seed=seed, rng=rng)
+        stream = self._stream(prompt, max_tokens=max_tokens, stop_at=stop_at, seed=seed, rng=rng, heal=heal)
         while True:
             try:
                 next(stream)
@@ -91,13 +102,25 @@ class ContinuousGenerator:
                 return done.value
 
     def stream(self, prompt, max_tokens: int | None = None, stop_at: str | Sequence[str] | None = None,
-               seed: int | None = None, rng: torch.Generator | None = None) -> Iterator[Any]:
+               seed: int | None = None, rng: torch.Generator | None = None, heal: bool = False) -> Iterator[Any]:
         """Like ``__call__``, but yield the text of each new token as it is generated.
 
         Each item is shaped like ``value``: a ``str`` for one row, else lists over rows
         (``""`` for a row that produced no text this step, e.g. a finished row). The
         final SequenceState is the generator's return value (``StopIteration.value``).
+
+        Raises
+        ------
+        ValueError
+            With beam search: beams reorder at every step, so a piece would not say which
+            text it extends; call the generator instead.
         """
+        if self.generator.sampler.joint and self.generator.sampler.samples > 1:
+            raise ValueError("beam search cannot stream: beams reorder at every step, so a piece would not "
+                             "extend a fixed row; call the generator to get the final beams")
+        return self._stream(prompt, max_tokens=max_tokens, stop_at=stop_at, seed=seed, rng=rng, heal=heal)
+
+    def _stream(self, prompt, max_tokens, stop_at, seed, rng, heal) -> Iterator[Any]:
         model, sampler = self.generator.model, self.generator.sampler
         rows, weights, batch_size, samples_in = self._rows_of(prompt)
         samples = sampler.samples
@@ -109,8 +132,11 @@ class ContinuousGenerator:
         stop_at = _check_stop_at(stop_at)
         rng = _check_rng(seed, rng)
         fork = samples if samples_in == 1 else 1
-        steps = decode(model, rows, weights.reshape(-1), self.generator.index, sampler, fork=fork,
-                       max_tokens=max_tokens, stop_at=stop_at, rng=rng)
+        index = self.generator.index
+        constraint = IndexConstraint(index, model.tokenizer.eos_token_id) if index is not None else None
+        steps = decode(model, rows, weights.reshape(-1), constraint, sampler, fork=fork,
+                       max_tokens=max_tokens, stop_at=stop_at, rng=rng, fast_forward=self.fast_forward,
+                       heal=bool(heal))
         # Arguments are checked above, when stream() is called; the steps run when iterated.
         return self._run(steps, batch_size, samples)
 
@@ -165,9 +191,7 @@ def _check_stop_at(stop_at) -> list[str]:
 def _check_rng(seed, rng):
     if seed is not None and rng is not None:
         raise ValueError("give seed or rng, not both")
-    if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if check_seed(seed) is not None:
         return torch.Generator().manual_seed(seed)
     if rng is not None and not isinstance(rng, torch.Generator):
         raise TypeError(f"rng must be a torch.Generator, got {type(rng).__name__}")

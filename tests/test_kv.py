@@ -7,7 +7,7 @@ from continuous.kv import ForwardCache
 
 def fill(cache, rows, n, value):
     """One fake forward of `n` slots through a 2-layer model writing `value`."""
-    fc = ForwardCache(cache, rows, n)
+    fc = ForwardCache(cache, rows, n, [False, False])
     for layer in range(2):
         k = torch.full((rows, 2, n, 4), float(value))
         keys, values = fc.update(k, k.clone(), layer)
@@ -59,9 +59,19 @@ def test_crop_and_select():
 
 def test_failed_forward_leaves_the_view_usable():
     a, _ = fill(None, 1, 3, 1)
-    fc = ForwardCache(a, 1, 2)
+    fc = ForwardCache(a, 1, 2, [False, False])
     fc.update(torch.full((1, 2, 2, 4), 9.0), torch.full((1, 2, 2, 4), 9.0), 0)
+    fc.abort()  # what the backend does when the forward raises
     # the forward died before result(): `a` is still the tip and still reads its own slots
     assert a._buffer.filled == 3 and torch.all(keys(a) == 1)
     b, _ = fill(a, 1, 1, 4)
     assert keys(b)[0, 0, -1, 0] == 4
+
+
+def test_two_writers_of_one_tip_never_share_slots():
+    a, _ = fill(None, 1, 3, 1)
+    first = ForwardCache(a, 1, 2, [False, False])
+    second = ForwardCache(a, 1, 2, [False, False])  # e.g. another thread continuing the same state
+    assert first._buffer is a._buffer  # the tip was claimed: appends in place
+    assert second._buffer is not a._buffer  # too late: copies its prefix
+    assert torch.all(second._buffer.keys[0][:, :, :3] == 1)

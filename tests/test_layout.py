@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from continuous.layout import Detokenizer, Rows, encode, retokenize
+from continuous.layout import Rows, encode, retokenize
 
 TEXT = st.text(alphabet=st.sampled_from(list("ab lo {}\":,0123é€🙂\n")), max_size=30)
 
@@ -24,19 +24,6 @@ def test_cutting_text_tokenizes_like_the_cut_text(tokenizer, text, cut):
     ids, ends = encode(tokenizer, text, special=True)
     keep, new_ids, _ = retokenize(tokenizer, ids, ends, text, min(cut, len(text)), "")
     assert ids[:keep] + new_ids == encode(tokenizer, text[:cut], special=True)[0]
-
-
-@settings(max_examples=100, deadline=None)
-@given(text=TEXT)
-def test_incremental_decoding_rebuilds_the_text(tokenizer, text):
-    ids = tokenizer(text, add_special_tokens=False).input_ids
-    detok = Detokenizer(tokenizer, [tokenizer.bos_token_id])
-    out = ""
-    for t in ids:
-        piece = detok.step(t)
-        out += piece or ""
-    out += detok.flush()
-    assert out == text
 
 
 def test_rows_edit_makes_holes_and_keeps_other_rows(tokenizer):

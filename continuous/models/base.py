@@ -8,12 +8,13 @@ states never look inside it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import threading
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 import torch
 
-__all__ = ["Stats", "Model", "check_layout", "causal_mask", "position_ids"]
+__all__ = ["Stats", "Model", "check_layout", "position_ids"]
 
 
 @dataclass
@@ -29,27 +30,44 @@ class Stats:
         Forward passes.
     positions_forwarded
         Slots sent through the blocks including padding: what a batch really costs.
+    tokens_rewound
+        Forwarded tokens that a rewind (``ban=``) took back: counted in
+        ``tokens_forwarded`` too, they are the cost of backtracking.
     """
 
     tokens_forwarded: int = 0
     forward_calls: int = 0
     positions_forwarded: int = 0
+    tokens_rewound: int = 0
+    # Threads share a model: every update holds the lock, so no count is lost.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def reset(self) -> None:
         """Set every counter back to zero."""
-        for f in fields(self):
-            setattr(self, f.name, 0)
+        with self._lock:
+            for name in self._counters():
+                setattr(self, name, 0)
 
-    def record(self, attention_mask: torch.Tensor, start: int) -> None:
-        """Count one forward pass over the slots of ``attention_mask`` from ``start`` on."""
-        new = attention_mask[:, start:]
-        self.forward_calls += 1
-        self.tokens_forwarded += int(new.sum())
-        self.positions_forwarded += new.numel()
+    def record(self, tokens: int, positions: int) -> None:
+        """Count one forward pass over ``positions`` slots of which ``tokens`` are real tokens."""
+        with self._lock:
+            self.forward_calls += 1
+            self.tokens_forwarded += tokens
+            self.positions_forwarded += positions
+
+    def record_rewound(self, tokens: int) -> None:
+        """Count forwarded tokens that a rewind took back."""
+        with self._lock:
+            self.tokens_rewound += tokens
 
     def snapshot(self) -> dict:
         """The counters as a dict, to compare before and after an operation."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        with self._lock:
+            return {name: getattr(self, name) for name in self._counters()}
+
+    @classmethod
+    def _counters(cls) -> list[str]:
+        return [f.name for f in fields(cls) if not f.name.startswith("_")]
 
 
 class Model(Protocol):
@@ -59,13 +77,20 @@ class Model(Protocol):
     stats: Stats
     vocab_size: int  # width of the logits
     max_length: int  # context length (positions)
+    device: torch.device  # where logits come back and where the decoding loop works
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any,
-                logits_to_keep: int = 1) -> tuple[torch.Tensor, Any]:
+                logits_to_keep: int = 1, *, n_real: int | None = None, holes: bool = True,
+                ) -> tuple[torch.Tensor, Any]:
         """Run the slots after ``cache.length`` and return (logits of the last slots, new cache).
 
         ``input_ids`` is ``[rows, n]`` (the uncovered slots), ``attention_mask`` is
-        ``[rows, cache_length + n]`` over the whole layout (0 marks padding and holes).
+        ``[rows, cache_length + n]`` over the whole layout (0 marks padding and holes), or
+        ``None`` when every slot is a real token; both may live on the model's device,
+        where the logits are returned.
+        ``n_real`` is the number of real tokens among the new slots when the caller
+        knows it (else it is counted from the mask); ``holes`` says whether some row
+        may have a hole between two of its tokens.
         """
         ...
 
@@ -73,7 +98,7 @@ class Model(Protocol):
 def check_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int) -> None:
     """The mask must cover the ``start`` cached slots and the new ones, row for row."""
     rows, n = input_ids.shape
-    if attention_mask.shape != (rows, start + n):
+    if tuple(attention_mask.shape) != (rows, start + n):
         raise ValueError(f"attention mask {tuple(attention_mask.shape)} does not cover the cache "
                          f"({start}) and the {n} new slots of {rows} rows")
 
@@ -82,19 +107,3 @@ def position_ids(attention_mask: torch.Tensor, start: int) -> torch.Tensor:
     """Positions of the slots from ``start`` on: each row counts only its real tokens."""
     pos = attention_mask.long().cumsum(-1) - 1
     return pos[:, start:].clamp(min=0)
-
-
-def causal_mask(attention_mask: torch.Tensor, start: int, dtype: torch.dtype) -> torch.Tensor:
-    """The additive 4D mask ``[rows, 1, n, start + n]`` of a forward over slots ``[start, start+n)``.
-
-    A query attends to earlier real slots and to itself. Letting a padding slot see
-    itself keeps every softmax row non-empty, so no NaN can leak into the cache.
-    """
-    rows, total = attention_mask.shape
-    n = total - start
-    q = torch.arange(start, total).unsqueeze(1)
-    k = torch.arange(total).unsqueeze(0)
-    allowed = (k <= q) & attention_mask.bool().unsqueeze(1)
-    allowed = allowed | (k == q)
-    mask = torch.zeros((rows, 1, n, total), dtype=dtype)
-    return mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)

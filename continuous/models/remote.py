@@ -143,11 +143,15 @@ class Remote:
     def __repr__(self) -> str:
         return f"models.remote({self.model.config.name_or_path!r}, vocab={self.vocab_size})"
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: RemoteCache | None,
-                logits_to_keep: int = 1) -> tuple[torch.Tensor, RemoteCache]:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, cache: RemoteCache | None,
+                logits_to_keep: int = 1, *, n_real: int | None = None, holes: bool = True,
+                ) -> tuple[torch.Tensor, RemoteCache]:
         """Forward the slots the cache does not cover; see :class:`~continuous.models.base.Model`."""
         rows, n = input_ids.shape
         start = cache.length if cache is not None else 0
+        if attention_mask is None:
+            attention_mask = torch.ones((rows, start + n), dtype=torch.long)
+        attention_mask = attention_mask.cpu()
         check_layout(input_ids, attention_mask, start)
         if rows > self.max_batch:
             raise ValueError(f"{rows} rows exceed this model's max_batch of {self.max_batch}: "
@@ -158,7 +162,7 @@ class Remote:
         else:
             handle, hypo_ids = cache._handle, cache._rows
         with torch.no_grad():
-            hidden = self.model.model.embed_tokens(input_ids)
+            hidden = self.model.model.embed_tokens(input_ids.cpu())
             mask = None if bool(attention_mask.all()) else attention_mask
             out = handle.session.step(hidden, hypo_ids, start_position=start, attention_mask=mask,
                                       position_ids=position_ids(attention_mask, start))
@@ -166,7 +170,7 @@ class Remote:
         if hypo_ids is not None:
             handle.epoch += 1
         chunk = handle.write(start, n)
-        self.stats.record(attention_mask, start)
+        self.stats.record(int(attention_mask[:, start:].sum()) if n_real is None else n_real, rows * n)
         return logits.float(), RemoteCache(handle, chunk, start + n, handle.epoch)
 
 

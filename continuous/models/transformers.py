@@ -7,8 +7,9 @@ import weakref
 
 import torch
 
-from ..kv import ForwardCache, KVCache
-from .base import Stats, causal_mask, check_layout, position_ids
+from ..kv import ForwardCache, KVCache, StaticStepCache
+from .base import Stats, check_layout
+from .masks import attention_masks, check_supported, layer_kinds
 
 __all__ = ["Transformers", "transformers"]
 
@@ -21,45 +22,108 @@ class Transformers:
     """A local transformers causal LM.
 
     Use :func:`transformers` to build one. Attributes: ``model`` (the HF model),
-    ``tokenizer`` (a fast HF tokenizer), ``stats``, ``vocab_size``, ``max_length``.
+    ``tokenizer`` (a fast HF tokenizer), ``stats``, ``vocab_size``, ``max_length``,
+    ``device``.
+
+    Every method may be called from several threads at once: the cache claims the slots
+    it appends under a lock and the counters are atomic. The HF model itself must then
+    be safe to call concurrently (inference-mode PyTorch modules are).
     """
 
-    def __init__(self, model, tokenizer):
+    def __init__(self, model, tokenizer, compile: bool | str = False):
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError("continuous needs a fast (Rust) tokenizer: it maps characters to tokens "
                             "with offset mappings")
+        check_supported(model)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.stats = Stats()
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
-        self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 10**9)
+        self.max_length = int(getattr(model.config, "max_position_embeddings", 0)
+                              or getattr(model.config, "n_positions", 0) or 10**9)
         self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.kinds = layer_kinds(model.config)
+        self.compiled = None
+        if compile:
+            # One-token decode steps run compiled, on fixed shapes (a buffer's capacity), so
+            # that nothing is specialized on the step; on CUDA "reduce-overhead" also
+            # captures them in CUDA graphs. Prefills stay eager.
+            mode = compile if isinstance(compile, str) else ("reduce-overhead" if self.device.type == "cuda" else None)
+            self.compiled = torch.compile(self._step, mode=mode, dynamic=False)
 
     def __repr__(self) -> str:
         return f"models.transformers({type(self.model).__name__}, vocab={self.vocab_size})"
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: KVCache | None,
-                logits_to_keep: int = 1) -> tuple[torch.Tensor, KVCache]:
-        """Forward the slots the cache does not cover; see :class:`~continuous.models.base.Model`."""
+                logits_to_keep: int = 1, *, n_real: int | None = None, holes: bool = True,
+                ) -> tuple[torch.Tensor, KVCache]:
+        """Forward the slots the cache does not cover; see :class:`~continuous.models.base.Model`.
+
+        Returns float32 logits on the model's device.
+        """
         rows, n = input_ids.shape
         start = cache.length if cache is not None else 0
-        check_layout(input_ids, attention_mask, start)
-        dtype = self.model.get_output_embeddings().weight.dtype
-        fc = ForwardCache(cache, rows, n)
-        with torch.no_grad():
-            out = self.model(
-                input_ids=input_ids.to(self.device),
-                attention_mask=causal_mask(attention_mask, start, dtype).to(self.device),
-                position_ids=position_ids(attention_mask, start).to(self.device),
-                past_key_values=fc,
-                use_cache=True,
-                logits_to_keep=logits_to_keep,
-            )
-        self.stats.record(attention_mask, start)
-        return out.logits.float().cpu(), fc.result()
+        device = self.device
+        input_ids = input_ids.to(device, non_blocking=True)
+        if attention_mask is None:  # every slot is a real token: plain causal attention
+            positions = torch.arange(start, start + n, device=device).expand(rows, n)
+            mask, n_real = None, rows * n
+        else:
+            check_layout(input_ids, attention_mask, start)
+            if n_real is None:
+                n_real = int(attention_mask[:, start:].sum())
+            mask = attention_mask.to(device, non_blocking=True)
+            positions = (mask.long().cumsum(-1)[:, start:] - 1).clamp(min=0)
+        fc = ForwardCache(cache, rows, n, self.kinds)
+        if self.compiled is not None and n == 1 and len(fc._buffer.keys) == len(self.kinds):
+            try:
+                logits = self._static_step(input_ids, mask, fc)
+            except BaseException:
+                fc.abort()
+                raise
+            self.stats.record(n_real, rows)
+            return logits, fc.result()
+        try:
+            with torch.inference_mode():
+                embeds_like = torch.empty((rows, n, 0), dtype=self.dtype, device=device)
+                masks = attention_masks(self.model.config, self.kinds, embeds_like, mask, fc, positions, holes)
+                out = self.model(input_ids=input_ids, attention_mask=masks, position_ids=positions,
+                                 past_key_values=fc, use_cache=True, logits_to_keep=logits_to_keep)
+        except BaseException:
+            fc.abort()
+            raise
+        self.stats.record(n_real, rows * n)
+        return out.logits.float(), fc.result()
 
 
-def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None) -> Transformers:
+    def _static_step(self, input_ids: torch.Tensor, mask: torch.Tensor | None, fc: ForwardCache) -> torch.Tensor:
+        """One decode step on fixed shapes: the whole capacity, masks saying which slots count."""
+        rows, start, capacity, device = input_ids.shape[0], fc.start, fc._buffer.capacity, self.device
+        full = torch.zeros((rows, capacity), dtype=torch.bool, device=device)
+        full[:, : start + 1] = True if mask is None else mask.bool()
+        positions = full.long().cumsum(-1) - 1
+        query = positions[:, start : start + 1]
+        keys = full[:, None, None, :]
+        masks = keys
+        if any(self.kinds):
+            window = keys & ((query - positions) < self.model.config.sliding_window)[:, None, None, :]
+            masks = window if all(self.kinds) else {"full_attention": keys, "sliding_attention": window}
+        if self.model.config._attn_implementation == "eager":  # eager attention adds its mask
+            low = torch.finfo(self.dtype).min
+            as_bias = lambda m: torch.zeros(m.shape, dtype=self.dtype, device=device).masked_fill(~m, low)  # noqa: E731
+            masks = {k: as_bias(m) for k, m in masks.items()} if isinstance(masks, dict) else as_bias(masks)
+        cache = StaticStepCache(fc, self.kinds, torch.tensor(start, device=device))
+        with torch.inference_mode():
+            return self.compiled(input_ids, query.clamp(min=0), masks, cache)
+
+    def _step(self, input_ids, position_ids, masks, cache):
+        return self.model(input_ids=input_ids, attention_mask=masks, position_ids=position_ids,
+                          past_key_values=cache, use_cache=True, logits_to_keep=1).logits.float()
+
+
+def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, compile: bool | str = False,
+                 ) -> Transformers:
     """A local transformers model.
 
     Parameters
@@ -71,11 +135,21 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None) -> T
         A loaded fast tokenizer; loaded from ``model_or_path`` when omitted.
     device, dtype
         Where and in which dtype to load or move the model.
+    compile
+        Run one-token decode steps compiled with ``torch.compile`` on fixed shapes (on
+        CUDA with CUDA graphs, mode ``"reduce-overhead"``; a string names another mode).
+        The first steps of each new shape compile (seconds); it pays for long decodes.
 
     Returns
     -------
     Transformers
         The same object for the same loaded HF model, so its ``stats`` are shared.
+
+    Raises
+    ------
+    ValueError
+        For a model whose state cannot be cropped (Mamba, linear attention, chunked
+        attention), with the reason.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -91,7 +165,7 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None) -> T
     if device is not None or dtype is not None:
         model = model.to(device=device, dtype=dtype)
     wrapped = _WRAPPED.get(model)
-    if wrapped is None or wrapped.tokenizer is not tokenizer:
-        wrapped = Transformers(model, tokenizer)
+    if wrapped is None or wrapped.tokenizer is not tokenizer or bool(wrapped.compiled) != bool(compile):
+        wrapped = Transformers(model, tokenizer, compile=compile)
         _WRAPPED[model] = wrapped
     return wrapped

@@ -1,0 +1,228 @@
+"""The GPU workload: decode, multiturn, JSON, a long prompt and a fork on a Llama-3.2-1B shape.
+
+    python benchmarks/gpu.py [--device cuda] [--quick] [--save] [--reps N]
+
+The model is a random-weight Llama-3.2-1B shape (hidden 2048, 16 layers, 32 heads,
+8 kv heads, intermediate 8192, tied embeddings) in bf16 with the real Llama-3
+tokenizer (llama.cpp's vocab file, converted offline). Competitors run interleaved in
+one process and get the same ids, prefill, dtype and max tokens:
+
+- decode: 128 greedy tokens after a 512-token prompt, prefilled (decode time only),
+  eager and with ``compile=True`` (compiled steps, CUDA graphs on a GPU), against HF ``generate`` with its dynamic cache and with ``cache_implementation="static"``
+  (which compiles), and the HBM floor: bytes of the weights a step reads (the input
+  embedding excluded unless tied, since the head reads it) / measured copy bandwidth;
+- multiturn: the ``multiturn`` benchmark's workload, against the ideal loop and outlines;
+- constraint: 64 tokens under the ``constraint`` benchmark's schema against free text;
+- long: a 15k-token prompt + 16 tokens: seconds and peak memory above the weights,
+  against HF ``generate``;
+- fork: 8 samples x 32 tokens from a 512-token prompt.
+
+``--device cpu --quick`` runs a small shape on the CPU so that the script is tested
+where there is no GPU; its figures say nothing about a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from common import emit, median, random_text
+from continuous import continuous, generate, models, samplers
+
+LLAMA_1B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                intermediate_size=8192, tie_word_embeddings=True)
+SMALL = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=512, tie_word_embeddings=True)
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--quick", action="store_true", help="small shape and sizes (a smoke run)")
+    parser.add_argument("--save", action="store_true", help="write benchmarks/results/gpu.json")
+    parser.add_argument("--reps", type=int, default=3)
+    return parser.parse_args()
+
+
+def build(device: str, quick: bool):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from continuous.testing import real_tokenizer
+
+    tok = real_tokenizer("llama-bpe")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    config = LlamaConfig(**(SMALL if quick else LLAMA_1B), vocab_size=len(tok), max_position_embeddings=16384,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    with torch.device(device):
+        hf = LlamaForCausalLM(config).to(dtype).eval()
+    return hf, tok
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def clock(device, fn):
+    sync(device)
+    t = time.perf_counter()
+    out = fn()
+    sync(device)
+    return out, time.perf_counter() - t
+
+
+def step_bytes(hf) -> int:
+    """Bytes of the weights one decode step reads: all but an input embedding the head does not share."""
+    total = sum(p.numel() * p.element_size() for p in hf.parameters())
+    emb, head = hf.get_input_embeddings().weight, hf.get_output_embeddings().weight
+    if emb.data_ptr() != head.data_ptr():
+        total -= emb.numel() * emb.element_size()
+    return total
+
+
+def bandwidth(device, n_bytes=1 << 30, reps=5) -> float:
+    a = torch.ones(n_bytes // 4, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    best = min(clock(device, lambda: b.copy_(a))[1] for _ in range(reps))
+    return 2 * n_bytes / best
+
+
+def hf_decode(hf, ids, n, device, **kwargs):
+    """Seconds per token of HF generate's decode: (n tokens - 1 token) / (n - 1)."""
+    def run(k):
+        return hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=k, min_new_tokens=k,
+                           do_sample=False, pad_token_id=hf.config.eos_token_id, **kwargs)
+    run(n)  # warm up (and compile, for the static cache)
+    _, one = clock(device, lambda: run(1))
+    _, full = clock(device, lambda: run(n))
+    return (full - one) / (n - 1)
+
+
+def main():
+    args = parse_args()
+    device = args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --device cpu (a smoke run) or on a GPU")
+    hf, tok = build(device, args.quick)
+    model = models.transformers(hf, tok)
+    n_decode, prompt_len, long_len = (16, 64, 512) if args.quick else (128, 512, 15000)
+    prompt = random_text(tok, prompt_len, seed=3)
+    ids = tok(prompt, return_tensors="pt").input_ids.to(device)
+    gen = continuous(generate.text(model))
+
+    # decode: eager, and with compiled decode steps (CUDA graphs on a GPU)
+    floor = step_bytes(hf) / bandwidth(device)
+    compiled = models.transformers(hf, tok, compile=True)
+    gen_c = continuous(generate.text(compiled))
+    gen_c(gen_c(prompt, max_tokens=0), max_tokens=n_decode)  # compile the shapes first
+    ours, ours_c, dyn, static = [], [], [], []
+    with torch.no_grad():
+        for _ in range(args.reps):
+            for g, m, out in ((gen, model, ours), (gen_c, compiled, ours_c)):
+                base = g(prompt, max_tokens=0)
+                before = m.stats.forward_calls
+                _, t = clock(device, lambda: g(base, max_tokens=n_decode))
+                out.append(t / (m.stats.forward_calls - before))
+            dyn.append(hf_decode(hf, ids, n_decode, device))
+            if device == "cuda":
+                static.append(hf_decode(hf, ids, n_decode, device, cache_implementation="static"))
+    decode_ms = {"continuous": median(ours) * 1e3, "continuous_compiled": median(ours_c) * 1e3,
+                 "hf_dynamic": median(dyn) * 1e3,
+                 "hf_static": median(static) * 1e3 if static else None, "floor": floor * 1e3}
+
+    # multiturn, JSON and fork reuse the CPU benchmarks' workloads
+    multiturn_s = multiturn(hf, tok, model, args, device)
+    constraint_ms = constraint(model, tok, args, device)
+    fork_s = fork(model, tok, args, device)
+    long = long_prompt(hf, tok, model, long_len, device)
+
+    r = lambda x: None if x is None else round(x, 3)  # noqa: E731
+    table = [("", "continuous", "reference", "ratio")]
+    table.append(("decode ms/token vs HF static", r(decode_ms["continuous"]), r(decode_ms["hf_static"]),
+                  r(decode_ms["continuous"] / decode_ms["hf_static"]) if static else "-"))
+    table.append(("decode ms/token vs HF dynamic", r(decode_ms["continuous"]), r(decode_ms["hf_dynamic"]),
+                  r(decode_ms["continuous"] / decode_ms["hf_dynamic"])))
+    table.append(("decode ms/token vs floor", r(decode_ms["continuous"]), r(floor * 1e3),
+                  r(decode_ms["continuous"] / decode_ms["floor"])))
+    table.append(("compiled decode vs HF static", r(decode_ms["continuous_compiled"]), r(decode_ms["hf_static"]),
+                  r(decode_ms["continuous_compiled"] / decode_ms["hf_static"]) if static else "-"))
+    table.append(("compiled decode vs floor", r(decode_ms["continuous_compiled"]), r(floor * 1e3),
+                  r(decode_ms["continuous_compiled"] / decode_ms["floor"])))
+    table.append(("multiturn s vs ideal", r(multiturn_s["continuous"]), r(multiturn_s["ideal"]),
+                  r(multiturn_s["continuous"] / multiturn_s["ideal"])))
+    table.append(("multiturn s vs outlines", r(multiturn_s["continuous"]), r(multiturn_s["outlines"]),
+                  r(multiturn_s["continuous"] / multiturn_s["outlines"])))
+    table.append(("JSON vs free ms/token", r(constraint_ms["json"]), r(constraint_ms["free"]),
+                  r(constraint_ms["json"] / constraint_ms["free"])))
+    table.append((f"{long_len}-token prompt s", r(long["seconds"]["continuous"]), r(long["seconds"]["hf"]),
+                  r(long["seconds"]["continuous"] / long["seconds"]["hf"])))
+    if long["peak_mb"]["hf"]:
+        table.append(("peak MB above weights", r(long["peak_mb"]["continuous"]), r(long["peak_mb"]["hf"]),
+                      r(long["peak_mb"]["continuous"] / long["peak_mb"]["hf"])))
+    table.append(("fork 8 x 32 s", r(fork_s), "", ""))
+    result = {"bench": "gpu", "device": device, "quick": args.quick,
+              "decode_ms": {k: r(v) for k, v in decode_ms.items()},
+              "multiturn_s": {k: r(v) for k, v in multiturn_s.items()},
+              "constraint_ms": {k: r(v) for k, v in constraint_ms.items()},
+              "long": long, "fork_s": r(fork_s)}
+    emit("gpu", table, result, args.save)
+
+
+def multiturn(hf, tok, model, args, device):
+    from multiturn import competitors
+
+    runs, _ = competitors(hf, tok, model, args.quick)
+    seconds = {name: [] for name in runs}
+    for _ in range(args.reps):
+        for name, run in runs.items():
+            seconds[name].append(clock(device, run)[1])
+    return {k: median(v) for k, v in seconds.items()}
+
+
+def constraint(model, tok, args, device):
+    from constraint import Item
+
+    n = 16 if args.quick else 64
+    prompt = random_text(tok, 128, seed=5) + "\nA record as JSON: "
+    out = {}
+    for name, g in (("free", generate.text(model)), ("json", generate.json(model, Item))):
+        gen = continuous(g)
+        base = gen(prompt, max_tokens=0)
+        per = []
+        for _ in range(args.reps):
+            state, t = clock(device, lambda: gen(base, max_tokens=n))
+            per.append(t / max(1, len(state.token_ids[0]) - len(base.token_ids[0])))
+        out[name] = median(per) * 1e3
+    return out
+
+
+def fork(model, tok, args, device):
+    prompt = random_text(tok, 64 if args.quick else 512, seed=7)
+    gen = continuous(generate.text(model, samplers.multinomial(8)))
+    return median([clock(device, lambda: gen(prompt, max_tokens=32, seed=s))[1] for s in range(args.reps)])
+
+
+def long_prompt(hf, tok, model, n_tokens, device):
+    prompt = random_text(tok, n_tokens, seed=11)
+    ids = tok(prompt, return_tensors="pt").input_ids.to(device)
+    gen = continuous(generate.text(model))
+    weights = torch.cuda.memory_allocated() if device == "cuda" else 0
+    seconds, peak = {}, {}
+    for name, fn in (("continuous", lambda: gen(prompt, max_tokens=16)),
+                     ("hf", lambda: hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
+                                                do_sample=False, pad_token_id=hf.config.eos_token_id))):
+        if device == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        _, seconds[name] = clock(device, fn)
+        peak[name] = (torch.cuda.max_memory_allocated() - weights) / 2**20 if device == "cuda" else None
+    return {"tokens": int(ids.shape[1]), "seconds": {k: round(v, 3) for k, v in seconds.items()},
+            "peak_mb": {k: None if v is None else round(v, 1) for k, v in peak.items()}}
+
+
+if __name__ == "__main__":
+    main()

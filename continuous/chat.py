@@ -1,0 +1,210 @@
+"""Conversations through a model's own chat template, forwarding only the new tokens.
+
+Three levels, from the simplest:
+
+- :func:`prompt` renders a list of ``{"role", "content"}`` messages with the generation
+  prompt: the text to give a generator for the first answer.
+- :func:`turn` is the text one more message adds after a state that ends with an
+  assistant's answer (``state + chat.turn(model, "user", "...")``), for templates that
+  render each message on its own (most do). It is found by rendering a probe
+  conversation, so it needs no history.
+- :func:`sync` and :class:`Conversation` keep the messages and make the state's text
+  equal the template rendered on all of them, always: the state is extended where the
+  new rendering extends its text, and rewound to the first changed character (its
+  cache kept up to there) where the template rewrites an earlier turn, with a
+  :class:`TemplateRewriteWarning`.
+
+Examples
+--------
+>>> from continuous import continuous, generate, chat                 # doctest: +SKIP
+>>> conv = chat.Conversation(model, [{"role": "user", "content": "Hi"}])  # doctest: +SKIP
+>>> conv.reply(continuous(generate.text(model)), max_tokens=32)      # doctest: +SKIP
+>>> conv.add("user", "And then?"); conv.reply(gen, max_tokens=32)    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import warnings
+
+__all__ = ["prompt", "turn", "sync", "Conversation", "TemplateRewriteWarning"]
+
+# Text no template produces: it marks where a probe assistant message's content is.
+_PROBE = "\x00continuous-probe\x00"
+
+
+class TemplateRewriteWarning(UserWarning):
+    """The chat template changed text it had already rendered; the state was rewound."""
+
+
+def _tokenizer(model):
+    tok = getattr(model, "tokenizer", model)
+    if getattr(tok, "chat_template", None) is None:
+        raise ValueError("this tokenizer has no chat template; set tokenizer.chat_template (a Jinja string)")
+    return tok
+
+
+def prompt(model, messages: list[dict], *, add_generation_prompt: bool = True, **template_kwargs) -> str:
+    """The text of ``messages`` in the model's chat template.
+
+    Parameters
+    ----------
+    model
+        A continuous model (its ``tokenizer`` is used) or a HF tokenizer.
+    messages
+        ``{"role": ..., "content": ...}`` dicts.
+    add_generation_prompt
+        End with the opening of an assistant message (what a generator continues).
+    **template_kwargs
+        Passed to ``apply_chat_template`` (``tools=``, ``documents=``, template variables).
+
+    Raises
+    ------
+    ValueError
+        When the tokenizer has no chat template.
+    """
+    return _tokenizer(model).apply_chat_template(
+        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs)
+
+
+def turn(model, role: str, content: str, *, add_generation_prompt: bool = True, **template_kwargs) -> str:
+    """The text one message adds after a state that ends with an assistant's answer.
+
+    That is the end of the assistant's message (the template's end-of-turn marker), the
+    new message, and the generation prompt. ``state + chat.turn(model, "user", text)``
+    then forwards only these tokens at the next call.
+
+    The text is read off a probe conversation (a user message, an assistant message,
+    then this one), so it is right for templates that render each message on its own,
+    whatever came before. Templates that depend on the whole history (a system prompt
+    that changes, numbered turns) need :func:`sync` or :class:`Conversation`, which
+    compare with the full rendering.
+
+    Raises
+    ------
+    ValueError
+        When the template does not render an assistant message's content as it is
+        (then only :func:`sync` can say what to add).
+    """
+    probe = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _PROBE}]
+    text = prompt(model, probe + [{"role": role, "content": content}],
+                  add_generation_prompt=add_generation_prompt, **template_kwargs)
+    at = text.rfind(_PROBE)
+    if at < 0:
+        raise ValueError("the chat template does not show an assistant message's content verbatim; use chat.sync")
+    return text[at + len(_PROBE):]
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def sync(state, text: str):
+    """``state`` changed as little as possible so that its text is ``text``.
+
+    Where ``text`` extends the state's text, the rest is appended (only its tokens are
+    forwarded next). Otherwise the state is cut at the first differing character,
+    keeping the cache of that prefix, and the rest appended, with a
+    :class:`TemplateRewriteWarning`.
+
+    Parameters
+    ----------
+    state
+        A one-row :class:`~continuous.state.SequenceState`.
+    text
+        The text it must hold.
+    """
+    if state.batch_size * state.num_samples != 1:
+        raise ValueError("a conversation state has one row; select one with state[b, s, :]")
+    old = str(state)
+    k = _common_prefix(old, text)
+    if k < len(old):
+        warnings.warn(
+            f"the chat template rewrote earlier text (first change at character {k} of {len(old)}: "
+            f"{old[k:k + 20]!r} became {text[k:k + 20]!r}); the state is rewound there and the rest recomputed",
+            TemplateRewriteWarning, stacklevel=2)
+        state = state[:k]
+    return state + text[k:] if k < len(text) else state
+
+
+class Conversation:
+    """A chat: its messages, and a state whose text is always the template rendered on them.
+
+    Parameters
+    ----------
+    model
+        A continuous model with a chat template.
+    messages
+        The first messages (a system prompt, a user question...).
+    **template_kwargs
+        Passed to every rendering (``tools=`` and the like).
+
+    Attributes
+    ----------
+    messages : list[dict]
+        Every message so far, the generated answers included.
+    state : SequenceState or None
+        The conversation's state after the last :meth:`reply` (``None`` before the first).
+
+    Notes
+    -----
+    :meth:`reply` renders all messages with the generation prompt and brings the state
+    to that text with :func:`sync`: on a prefix-stable template only the new messages'
+    tokens are forwarded; a template that rewrites earlier turns costs the tokens
+    after the first change, and warns.
+    """
+
+    def __init__(self, model, messages: list[dict] = (), **template_kwargs):
+        _tokenizer(model)
+        self.model = model
+        self.messages = [dict(m) for m in messages]
+        self.template_kwargs = template_kwargs
+        self.state = None
+
+    def add(self, role: str, content: str) -> "Conversation":
+        """Append a message (forwarded at the next :meth:`reply`); returns ``self``."""
+        self.messages.append({"role": role, "content": content})
+        return self
+
+    def text(self) -> str:
+        """The template rendered on all messages, with the generation prompt."""
+        return prompt(self.model, self.messages, **self.template_kwargs)
+
+    def reply(self, generator, **call_kwargs) -> str:
+        """Generate the assistant's answer to the messages so far, record it, and return it.
+
+        Parameters
+        ----------
+        generator
+            A :class:`~continuous.wrapper.ContinuousGenerator` on this conversation's model.
+        **call_kwargs
+            ``max_tokens``, ``stop_at``, ``seed``... as for the generator's call.
+        """
+        target = self.text()
+        start = target if self.state is None else sync(self.state, target)
+        self.state = generator(start, **call_kwargs)
+        full = str(self.state)
+        if not full.startswith(target):  # the generator keeps its input's text; anything else is a bug
+            raise RuntimeError("the generated state does not start with the conversation's text")
+        answer = full[len(target):]
+        eos = getattr(_tokenizer(self.model), "eos_token", None)
+        if eos and answer.endswith(eos):
+            # A decoder that keeps the EOS token's text: the message's content is what
+            # the template wraps in its own end-of-turn marker, so cut it (the cache of
+            # the rest is kept) rather than have the next sync see a rewrite.
+            answer = answer[: -len(eos)]
+            self.state = self.state[: len(full) - len(eos)]
+        self.messages.append({"role": "assistant", "content": answer})
+        return answer
+
+    def __repr__(self) -> str:
+        return f"Conversation({len(self.messages)} messages, state={'none' if self.state is None else 'kept'})"

@@ -1,0 +1,255 @@
+"""The llguidance engine: JSON Schema, regular expressions and Lark grammars.
+
+llguidance compiles a grammar lazily (an Earley parser over a lexer whose token masks
+are computed on demand), so a schema compiles in milliseconds and its keywords are
+enforced exactly where the engine implements them (integer and number bounds, string
+lengths, ``not`` is refused rather than ignored). The tokenizer conversion, which takes
+about a second on a 128k vocabulary, is done once per HF tokenizer; compiled grammars
+(validated grammar text) are kept in a bounded LRU.
+
+Examples
+--------
+>>> from continuous.engines import llguidance as llg
+>>> c = llg.json_schema({"type": "integer", "minimum": 3}, tokenizer)   # doctest: +SKIP
+>>> m = c.matcher(); m.fill(row); m.advance(token_id)                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import weakref
+
+import llguidance
+import llguidance.hf
+import torch
+
+__all__ = ["json_schema", "regex", "lark", "lltokenizer", "LLGuidanceConstraint", "LLGuidanceMatcher"]
+
+_LOCK = threading.Lock()
+_TOKENIZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: Compiled grammars, most recently used last: (kind, source, options, id of LLTokenizer) -> constraint.
+_GRAMMARS: "collections.OrderedDict" = collections.OrderedDict()
+_MAX_GRAMMARS = 256
+
+
+def lltokenizer(tokenizer) -> "llguidance.LLTokenizer":
+    """The ``LLTokenizer`` of a fast HF tokenizer, built once per tokenizer object.
+
+    The cache holds the HF tokenizer weakly, so it does not keep a model's tokenizer alive.
+    Two threads asking at once for a new tokenizer may both build it; one result wins.
+    """
+    with _LOCK:
+        found = _TOKENIZERS.get(tokenizer)
+    if found is not None:
+        return found
+    if tokenizer.eos_token_id is None:
+        raise ValueError("constrained generation needs a tokenizer with an EOS token")
+    try:
+        # n_vocab = len(tokenizer) counts added tokens, which the model's logits cover too.
+        built = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer))
+    except ValueError as exc:
+        raise ValueError(f"llguidance needs a fast (Rust) HF tokenizer: {exc}") from exc
+    with _LOCK:
+        return _TOKENIZERS.setdefault(tokenizer, built)
+
+
+def fill_row(bitmask: torch.Tensor, words: int, write) -> None:
+    """Write a mask of ``words`` int32 words into a row that may be wider (padded logits).
+
+    ``write(row)`` fills an exact-width contiguous int32 CPU row. Words past ``words``
+    are zeroed: ids beyond the tokenizer's vocabulary are never allowed.
+    """
+    if bitmask.dim() != 1 or bitmask.dtype != torch.int32 or bitmask.device.type != "cpu":
+        raise ValueError("the mask row must be a 1-D int32 CPU tensor")
+    if bitmask.numel() < words:
+        raise ValueError(f"the mask row has {bitmask.numel()} words; the vocabulary needs {words}")
+    if bitmask.numel() == words and bitmask.is_contiguous():
+        write(bitmask)
+        return
+    scratch = torch.empty(words, dtype=torch.int32)
+    write(scratch)
+    bitmask[:words].copy_(scratch)
+    bitmask[words:].zero_()
+
+
+class LLGuidanceMatcher:
+    """One row's position in an llguidance grammar (wraps an ``LLMatcher``)."""
+
+    __slots__ = ("_m", "_words", "_eos", "_ended")
+
+    def __init__(self, matcher: "llguidance.LLMatcher", words: int, eos_token_id: int, ended: bool = False):
+        self._m = matcher
+        self._words = words
+        self._eos = eos_token_id
+        # EOS is kept here, not given to llguidance: an LLMatcher that has stopped (its
+        # grammar can take nothing more) takes EOS without counting it, so rollback(1)
+        # would then undo the token before it.
+        self._ended = ended
+
+    def _write(self, row: torch.Tensor) -> None:
+        self._m.unsafe_compute_mask_ptr(row.data_ptr(), 4 * self._words)
+
+    def fill(self, bitmask: torch.Tensor) -> None:
+        """Write the allowed next tokens (EOS exactly when accepting) into an int32 row."""
+        if self._ended:
+            fill_row(bitmask, self._words, lambda row: row.zero_())
+            return
+        fill_row(bitmask, self._words, self._write)
+        if self._m.is_error():
+            raise RuntimeError(f"llguidance matcher failed: {self._m.get_error()}")
+
+    def advance(self, token_id: int) -> None:
+        """Consume a token; ``ValueError`` (state unchanged) when the grammar forbids it."""
+        if self._ended:
+            raise ValueError(f"token {token_id} after EOS")
+        if token_id == self._eos:
+            if not self._m.is_accepting():
+                raise ValueError("EOS before the text matches")
+            self._ended = True
+            return
+        # An LLMatcher that consumes a forbidden token enters an error state it never
+        # leaves, so check first: validate_tokens does not change the state.
+        if self._m.validate_tokens([token_id]) != 1:
+            raise ValueError(f"token {token_id} is not allowed here")
+        if not self._m.consume_token(token_id):
+            raise RuntimeError(f"llguidance matcher failed: {self._m.get_error()}")
+
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` tokens (EOS included)."""
+        if n < 0:
+            raise ValueError("cannot roll back a negative number of tokens")
+        if n and self._ended:
+            self._ended = False
+            n -= 1
+        if n and not self._m.rollback(n):
+            raise ValueError(f"cannot roll back {n} tokens: {self._m.get_error()}")
+
+    def forced(self) -> list[int]:
+        """Tokens the grammar forces next, as llguidance tokenizes the forced text (may be empty).
+
+        llguidance re-tokenizes the forced bytes canonically and holds back a tail that a
+        later byte could merge with, so the tokens are those a whole-text tokenization gives.
+        """
+        return [] if self._ended else list(self._m.compute_ff_tokens())
+
+    def accepting(self) -> bool:
+        return self._m.is_accepting()
+
+    def done(self) -> bool:
+        if self._ended or self._m.is_stopped():
+            return True
+        if not self._m.is_accepting():
+            return False
+        # Accepting and nothing but EOS allowed: the decoder must stop here too.
+        row = torch.empty(self._words, dtype=torch.int32)
+        self._write(row)
+        row[self._eos // 32] &= ~(1 << (self._eos % 32)) if self._eos % 32 != 31 else 0x7FFFFFFF
+        return not bool(row.any())
+
+    def copy(self) -> "LLGuidanceMatcher":
+        return LLGuidanceMatcher(self._m.deep_copy(), self._words, self._eos, self._ended)
+
+
+class LLGuidanceConstraint:
+    """A grammar validated and compiled for one tokenizer; makes :class:`LLGuidanceMatcher` s.
+
+    Raises
+    ------
+    ValueError
+        When llguidance refuses the grammar (an unsupported keyword, an invalid regex,
+        a Lark syntax error); the message is the engine's, naming the keyword or place.
+    """
+
+    engine = "llguidance"
+
+    def __init__(self, grammar: str, tokenizer, description: str):
+        self.grammar = grammar
+        self.tokenizer = lltokenizer(tokenizer)
+        self.eos_token_id = tokenizer.eos_token_id
+        self.words = (self.tokenizer.vocab_size + 31) // 32
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
+        if is_error:
+            raise ValueError(f"llguidance refuses {description}: {messages[0].strip()}")
+        #: Non-fatal notes from the compiler (for instance a string format it does not check).
+        self.warnings = list(messages)
+        # The first matcher pays the grammar's construction; the others are deep copies.
+        self._start = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if self._start.is_error():
+            raise ValueError(f"llguidance refuses {description}: {self._start.get_error()}")
+
+    def matcher(self) -> LLGuidanceMatcher:
+        return LLGuidanceMatcher(self._start.deep_copy(), self.words, self.eos_token_id)
+
+
+def _compiled(kind: str, source: str, options: str, tokenizer, make_grammar) -> LLGuidanceConstraint:
+    lltok = lltokenizer(tokenizer)
+    # id(lltok) is stable while the entry lives: the constraint holds the LLTokenizer.
+    key = (kind, source, options, id(lltok))
+    with _LOCK:
+        hit = _GRAMMARS.get(key)
+        if hit is not None:
+            _GRAMMARS.move_to_end(key)
+            return hit
+    try:
+        grammar = make_grammar()
+    except ValueError as exc:
+        raise ValueError(f"llguidance refuses this {kind}: {exc}") from exc
+    built = LLGuidanceConstraint(grammar, tokenizer, f"this {kind}")
+    with _LOCK:
+        _GRAMMARS[key] = built
+        while len(_GRAMMARS) > _MAX_GRAMMARS:
+            _GRAMMARS.popitem(last=False)
+    return built
+
+
+def schema_text(schema) -> str:
+    """A JSON schema given as ``dict`` or ``str`` (or a boolean schema), as text.
+
+    Keys keep their order: llguidance emits object properties in the order of
+    ``properties``, so sorting them would reject documents written in schema order.
+    """
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as exc:
+            raise ValueError(f"the JSON schema string is not valid JSON: {exc}") from exc
+    if not isinstance(schema, (dict, bool)):
+        raise TypeError(f"a JSON schema is a dict, a bool or a JSON string, not {type(schema).__name__}")
+    return json.dumps(schema)
+
+
+def json_schema(schema, tokenizer, whitespace_pattern: str | None = None) -> LLGuidanceConstraint:
+    """A JSON document valid against a schema.
+
+    Parameters
+    ----------
+    schema
+        A JSON schema as ``dict`` or JSON ``str``.
+    tokenizer
+        A fast HF tokenizer with an EOS token.
+    whitespace_pattern
+        Regex of the whitespace allowed between JSON tokens. ``None`` keeps llguidance's
+        default, any JSON whitespace (compact documents included).
+
+    Raises
+    ------
+    ValueError
+        When the schema is not JSON or llguidance refuses it (for instance
+        ``Unimplemented keys: ["not"]``).
+    """
+    text = schema_text(schema)
+    options = {} if whitespace_pattern is None else {"whitespace_pattern": whitespace_pattern}
+    return _compiled("JSON schema", text, json.dumps(options), tokenizer,
+                     lambda: llguidance.LLMatcher.grammar_from_json_schema(text, overrides=options or None))
+
+
+def regex(pattern: str, tokenizer) -> LLGuidanceConstraint:
+    """Text that matches a regular expression in full (Rust ``regex`` syntax, no lookaround)."""
+    return _compiled("regex", pattern, "", tokenizer, lambda: llguidance.LLMatcher.grammar_from_regex(pattern))
+
+
+def lark(grammar: str, tokenizer) -> LLGuidanceConstraint:
+    """Text in the language of a Lark grammar (llguidance's dialect; the start rule is ``start``)."""
+    return _compiled("Lark grammar", grammar, "", tokenizer, lambda: llguidance.LLMatcher.grammar_from_lark(grammar))

@@ -1,0 +1,219 @@
+"""Token healing: back up over a prompt's last tokens and let the model re-spell them.
+
+A prompt that ends mid-word or mid-URL ends with a token the model rarely saw there
+(``"https://www.exa"`` ends with ``"a"``, where the model would have used ``"example"``).
+Healing crops the last tokens whose text some longer token could extend (a crop keeps
+the cache) and constrains the first generated tokens to spell that text again, so the
+model may choose the token a whole-text tokenization would have used. After the removed
+text, the generator's own constraint (if any) takes over.
+
+How many tokens: the most (up to :data:`MAX_HEAL`) whose joined text is a proper prefix
+of some token's text; none when no token extends the last one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import threading
+import weakref
+
+import torch
+
+__all__ = ["MAX_HEAL", "TokenStrings", "token_strings", "heal_length", "HealMatcher"]
+
+#: The most tokens healing backs up over.
+MAX_HEAL = 3
+
+_LOCK = threading.Lock()
+_STRINGS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+class TokenStrings:
+    """Each token's text, sorted for prefix queries. Build it with :func:`token_strings`."""
+
+    def __init__(self, tokenizer):
+        from outlines.models.transformers import TransformerTokenizer
+
+        adapter = TransformerTokenizer(copy.copy(tokenizer))  # it sets a pad token on what it wraps
+        special = set(tokenizer.all_special_ids)
+        texts = {}
+        for token, i in adapter.get_vocab().items():
+            text = adapter.convert_token_to_string(token)
+            # Special tokens and byte pieces of a character cannot spell text.
+            if i not in special and text and "\ufffd" not in text:
+                texts[i] = text
+        self.text = texts
+        self.sorted = sorted((t, i) for i, t in texts.items())
+        self.keys = [t for t, _ in self.sorted]
+        self.by_text: dict[str, list[int]] = {}
+        for t, i in self.sorted:
+            self.by_text.setdefault(t, []).append(i)
+
+    def starting_with(self, prefix: str) -> list[int]:
+        """Ids of the tokens whose text starts with ``prefix``."""
+        lo = bisect.bisect_left(self.keys, prefix)
+        hi = bisect.bisect_left(self.keys, prefix + "\U0010ffff")
+        return [i for _, i in self.sorted[lo:hi]]
+
+    def extends(self, prefix: str) -> bool:
+        """Whether some token's text is longer than ``prefix`` and starts with it."""
+        lo = bisect.bisect_right(self.keys, prefix)
+        return lo < len(self.keys) and self.keys[lo].startswith(prefix)
+
+
+def token_strings(tokenizer) -> TokenStrings:
+    """The :class:`TokenStrings` of a tokenizer, built once."""
+    with _LOCK:
+        found = _STRINGS.get(tokenizer)
+    if found is None:
+        found = TokenStrings(tokenizer)
+        with _LOCK:
+            _STRINGS[tokenizer] = found
+    return found
+
+
+def heal_length(strings: TokenStrings, text: str, ends: list[int], first: int) -> int:
+    """How many last tokens to back up over (0: none), given the character end of each token.
+
+    Tokens before ``first`` (the special prefix) are never removed.
+    """
+    best = 0
+    for k in range(1, MAX_HEAL + 1):
+        if len(ends) - k < first:
+            break
+        start = ends[-k - 1] if len(ends) > k else 0
+        if strings.extends(text[start:]):
+            best = k
+    return best
+
+
+class HealMatcher:
+    """A :class:`~continuous.engines.Matcher`: first the removed text, then the inner constraint.
+
+    The first token must spell all of the removed text and may run past it (that is the
+    point of healing), and it must be canonical: encoding the kept text's last tokens
+    followed by its text gives those tokens and then it, as a whole-text tokenization
+    would. With a constraint, what it spells past the removed text must be one token the
+    constraint allows there; the constraint advances by that token. Where no token
+    qualifies (a removed text no single token starts), the removed text is spelled again
+    token by token and the constraint starts right after it.
+
+    Parameters
+    ----------
+    removed
+        The text to spell again.
+    inner
+        The generator's constraint matcher, or ``None`` for free text.
+    strings
+        The tokenizer's :class:`TokenStrings`.
+    tokenizer, n_tokens, eos
+        The tokenizer, its size and EOS id.
+    window
+        The kept text's last few tokens' text, to check that the first token is canonical.
+    """
+
+    def __init__(self, removed: str, inner, strings: TokenStrings, tokenizer, n_tokens: int, eos: int | None,
+                 window: str):
+        self.remaining, self.inner, self.strings = removed, inner, strings
+        self.n_tokens, self.eos = n_tokens, eos
+        self.history: list[tuple[str, int | None] | None] = []  # per token: (remaining before, inner token)
+        self.first = self._first_tokens(removed, tokenizer, window) if removed else {}
+
+    def _first_tokens(self, removed: str, tokenizer, window: str) -> dict[int, int | None]:
+        """The allowed first tokens, each with the inner constraint's token it also spells (or ``None``)."""
+        inner_allows = None
+        if self.inner is not None:
+            mask = torch.zeros((self.n_tokens + 31) // 32 + 1, dtype=torch.int32)
+            self.inner.fill(mask)
+            inner_allows = mask
+        first: dict[int, int | None] = {}
+        for t in self.strings.starting_with(removed):
+            rest = self.strings.text[t][len(removed):]
+            if not rest:
+                first[t] = None
+            elif self.inner is None:
+                first[t] = None
+            else:
+                for u in self.strings.by_text.get(rest, ()):
+                    if int(inner_allows[u // 32]) >> (u % 32) & 1:
+                        first[t] = u
+                        break
+        if first:
+            # Canonical: the window's own encoding, then the token (both encoded the same way,
+            # so a tokenizer's prefix space does not matter).
+            ids = list(first)
+            before = tokenizer(window, add_special_tokens=False).input_ids if window else []
+            encoded = tokenizer([window + self.strings.text[t] for t in ids], add_special_tokens=False).input_ids
+            canonical = {t: first[t] for t, enc in zip(ids, encoded) if enc == before + [t]}
+            first = canonical or first
+        return first
+
+    def fill(self, bitmask: torch.Tensor) -> None:
+        if not self.history and self.first:
+            _set_bits(bitmask, sorted(self.first), self.n_tokens)
+        elif self.remaining:
+            ids = [i for k in range(1, len(self.remaining) + 1) for i in self.strings.by_text.get(self.remaining[:k], ())]
+            _set_bits(bitmask, sorted(ids), self.n_tokens)
+        elif self.inner is not None:
+            self.inner.fill(bitmask)
+        else:
+            _set_bits(bitmask, None, self.n_tokens)
+
+    def advance(self, token_id: int) -> None:
+        if not self.remaining:
+            self.history.append(None)
+            if self.inner is not None:
+                self.inner.advance(token_id)
+            return
+        inner_token = None
+        if not self.history and self.first:
+            if token_id not in self.first:
+                raise ValueError(f"token {token_id} does not start with the healed text {self.remaining!r}")
+            inner_token = self.first[token_id]
+            rest = ""
+        else:
+            text = self.strings.text.get(token_id, "")
+            if not text or not self.remaining.startswith(text):
+                raise ValueError(f"token {token_id} ({text!r}) does not spell the healed text {self.remaining!r}")
+            rest = self.remaining[len(text):]
+        self.history.append((self.remaining, inner_token))
+        self.remaining = rest
+        if inner_token is not None:
+            self.inner.advance(inner_token)
+
+    def rollback(self, n: int) -> None:
+        for _ in range(n):
+            entry = self.history.pop()
+            if entry is None or entry[1] is not None:
+                if self.inner is not None:
+                    self.inner.rollback(1)
+            if entry is not None:
+                self.remaining = entry[0]
+
+    def forced(self) -> list[int]:
+        return [] if self.remaining or self.inner is None else self.inner.forced()
+
+    def accepting(self) -> bool:
+        return not self.remaining and (self.inner is None or self.inner.accepting())
+
+    def done(self) -> bool:
+        return not self.remaining and self.inner is not None and self.inner.done()
+
+    def copy(self) -> "HealMatcher":
+        new = copy.copy(self)
+        new.history = list(self.history)
+        new.inner = self.inner.copy() if self.inner is not None else None
+        return new
+
+
+def _set_bits(bitmask: torch.Tensor, ids: list[int] | None, n_tokens: int) -> None:
+    """Write the allowed ids (``None``: every id below ``n_tokens``) into a packed int32 row."""
+    allowed = torch.zeros(bitmask.numel() * 32, dtype=torch.bool)
+    if ids is None:
+        allowed[:n_tokens] = True
+    elif ids:
+        allowed[torch.tensor(ids)] = True
+    weights = torch.tensor([1 << i for i in range(31)] + [-(1 << 31)], dtype=torch.int64)
+    words = (allowed.view(-1, 32).long() * weights).sum(1)
+    bitmask.copy_(words.to(torch.int32))  # bit 31's weight is negative: the sum fits an int32

@@ -1,0 +1,104 @@
+"""continuous equals HF ``generate`` on real architectures with real tokenizers, sliding windows included.
+
+Each model is a tiny random-weight one (``continuous.testing.build_arch``) with its
+family's real tokenizer. The reference is always HF ``generate`` (greedy) started from
+the same token ids, on one row alone, with no cache of ours: so every operation that
+keeps a cache (generate, add text, slice, add a state, batches with holes, JSON) is
+checked against a from-scratch computation. Sliding windows (12 tokens) are much
+shorter than the contexts, so they matter.
+"""
+
+import pytest
+import torch
+
+from continuous import continuous, generate, models
+from continuous.testing import ARCHITECTURES, build_arch, real_tokenizer
+
+PROMPT = "Le café coûte 3 € — très cher! Naïve façade, 東京 and emoji 🙂 in a longer sentence here."
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
+def arch(request):
+    hf, tok = build_arch(request.param)
+    return request.param, hf, tok, models.transformers(hf, tok)
+
+
+def real_ids(state, row=0):
+    return state.token_ids[row][state.attention_mask[row].bool()].tolist()
+
+
+def hf_greedy(hf, ids, n, **kwargs):
+    """HF generate from these ids alone (its own cache, nothing of ours): the new ids."""
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                          max_new_tokens=n, do_sample=False, pad_token_id=hf.config.eos_token_id, **kwargs)
+    new = out[0, len(ids):].tolist()
+    eos = hf.config.eos_token_id
+    return new[: new.index(eos)] if eos in new else new
+
+
+def assert_continues_like_hf(hf, gen, state, n=6):
+    """Continuing ``state`` greedily gives, for every row, what HF generate gives from its ids."""
+    out = gen(state, max_tokens=n)
+    for r in range(out.token_ids.shape[0]):
+        before = real_ids(state, r)
+        after = real_ids(out, r)
+        assert after[: len(before)] == before
+        assert after[len(before):] == hf_greedy(hf, before, n), f"row {r}"
+    return out
+
+
+def test_generate_add_slice_sum(arch):
+    name, hf, tok, model = arch
+    gen = continuous(generate.text(model))
+    s = gen(PROMPT, max_tokens=8)
+    assert real_ids(s)[len(tok(PROMPT).input_ids):] == hf_greedy(hf, tok(PROMPT).input_ids, 8)
+    s = assert_continues_like_hf(hf, gen, s + " Ça coûte 5 € à Zürich — 東京 🙂.")
+    s = assert_continues_like_hf(hf, gen, s[: len(str(s)) - 7])
+    other = gen("Other text: ", max_tokens=3)
+    assert_continues_like_hf(hf, gen, s + other)
+
+
+def test_batch_of_unequal_prompts_with_holes(arch):
+    name, hf, tok, model = arch
+    gen = continuous(generate.text(model))
+    s = gen([PROMPT, "Short one.", PROMPT[:40]], max_tokens=4)
+    for r, p in enumerate([PROMPT, "Short one.", PROMPT[:40]]):
+        ids = tok(p).input_ids
+        assert real_ids(s, r)[len(ids):] == hf_greedy(hf, ids, 4)
+    # Texts of different lengths per row leave holes between a row's old and new tokens.
+    s = s + ["A much longer addition to the first row, past the window.", "x", " é"]
+    s = assert_continues_like_hf(hf, gen, s)
+    # A slice that cuts rows at different places, then a row selection.
+    assert_continues_like_hf(hf, gen, s[:, :30])
+    assert_continues_like_hf(hf, gen, s[1:, :])
+
+
+def test_json_equals_hf_generate_under_the_same_constraint(arch):
+    name, hf, tok, model = arch
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string", "maxLength": 6}},
+              "required": ["n", "s"]}
+    gen = continuous(generate.json(model, schema))
+    prompt = PROMPT + "\nJSON: "
+    ids = tok(prompt).input_ids
+    s = gen(prompt, max_tokens=24)
+    index = gen.generator.index
+    eos = tok.eos_token_id
+
+    def allowed(batch_id, input_ids):
+        state = index.get_initial_state()
+        for t in input_ids[len(ids):].tolist():
+            state = index.get_next_state(state, t)
+        return index.get_allowed_tokens(state)
+
+    ref = hf_greedy(hf, ids, 24, prefix_allowed_tokens_fn=allowed)
+    assert real_ids(s)[len(ids):] == [t for t in ref if t != eos]
+
+
+def test_unsupported_state_is_refused():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("mamba", hidden_size=16, num_hidden_layers=1, vocab_size=64, state_size=4)
+    hf = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ValueError, match="cannot be cropped"):
+        models.transformers(hf, real_tokenizer("gpt-2"))

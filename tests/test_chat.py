@@ -1,0 +1,112 @@
+"""continuous.chat on real chat templates (Qwen2, Phi-3) and a template that is not prefix-stable."""
+
+import warnings
+
+import pytest
+
+from continuous import chat, continuous, generate, models
+from continuous.testing import build_arch
+
+# Rewrites the first turn: the system line counts the messages, so every new message
+# changes text rendered before it.
+COUNTING = ("{{ 'system: ' + (messages | length | string) + ' messages\n' }}"
+            "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\n' }}{% endfor %}"
+            "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}")
+
+
+@pytest.fixture(scope="module", params=["qwen2", "phi3"])
+def chat_model(request):
+    hf, tok = build_arch(request.param)
+    return models.transformers(hf, tok)
+
+
+def _n(tok, text):
+    return len(tok(text, add_special_tokens=False).input_ids)
+
+
+def test_prompt_is_the_template(chat_model):
+    msgs = [{"role": "user", "content": "What is 2+2?"}]
+    tok = chat_model.tokenizer
+    assert chat.prompt(chat_model, msgs) == tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert chat.prompt(chat_model, msgs, add_generation_prompt=False) == tok.apply_chat_template(
+        msgs, tokenize=False, add_generation_prompt=False)
+
+
+def test_turn_appends_exactly_the_template_and_forwards_only_new_tokens(chat_model):
+    tok = chat_model.tokenizer
+    gen = continuous(generate.text(chat_model))
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    first = chat.prompt(chat_model, msgs)
+    state = gen(first, max_tokens=5)
+    answer = str(state)[len(first):]
+    msgs += [{"role": "assistant", "content": answer}, {"role": "user", "content": "Another one, please."}]
+
+    nxt = state + chat.turn(chat_model, "user", "Another one, please.")
+    expected = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert str(nxt) == expected
+
+    # The next call forwards the new message's tokens and the previous call's last
+    # token (sampled, not yet forwarded), nothing before.
+    uncached = state.token_ids.shape[1] - int(state.cached_lengths[0])
+    before = chat_model.stats.tokens_forwarded
+    gen(nxt, max_tokens=1)
+    assert chat_model.stats.tokens_forwarded - before == _n(tok, expected) - _n(tok, str(state)) + uncached
+
+
+def test_conversation_matches_template_over_turns(chat_model):
+    tok = chat_model.tokenizer
+    gen = continuous(generate.text(chat_model))
+    conv = chat.Conversation(chat_model, [{"role": "user", "content": "Hello!"}])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", chat.TemplateRewriteWarning)
+        conv.reply(gen, max_tokens=4)
+        for question in ["How are you?", "Tell me more."]:
+            conv.add("user", question)
+            target = tok.apply_chat_template(conv.messages, tokenize=False, add_generation_prompt=True)
+            old = conv.state
+            uncached = old.token_ids.shape[1] - int(old.cached_lengths[0])
+            before = chat_model.stats.tokens_forwarded
+            answer = conv.reply(gen, max_tokens=1)
+            assert str(conv.state) == target + answer
+            # max_tokens=1: only the prefill of what the cache lacks is forwarded.
+            assert chat_model.stats.tokens_forwarded - before == _n(tok, target) - _n(tok, str(old)) + uncached
+    assert [m["role"] for m in conv.messages] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+    assert conv.messages[-1]["content"] == answer
+
+
+def test_template_that_rewrites_earlier_turns_is_rewound_with_a_warning():
+    hf, tok = build_arch("qwen2")
+    tok.chat_template = COUNTING
+    model = models.transformers(hf, tok)
+    gen = continuous(generate.text(model))
+    conv = chat.Conversation(model, [{"role": "user", "content": "one"}])
+    conv.reply(gen, max_tokens=3)
+    conv.add("user", "two")
+    target = tok.apply_chat_template(conv.messages, tokenize=False, add_generation_prompt=True)
+    with pytest.warns(chat.TemplateRewriteWarning, match="rewrote earlier text"):
+        answer = conv.reply(gen, max_tokens=2)
+    assert str(conv.state) == target + answer
+    # turn() cannot see the rewrite; sync() on the full rendering can.
+    with pytest.warns(chat.TemplateRewriteWarning):
+        fixed = chat.sync(conv.state, tok.apply_chat_template(conv.messages + [{"role": "user", "content": "x"}],
+                                                              tokenize=False, add_generation_prompt=True))
+    assert str(fixed).startswith("system: 5 messages\n")
+
+
+def test_sync_without_rewrite_only_appends():
+    hf, tok = build_arch("qwen2")
+    model = models.transformers(hf, tok)
+    state = continuous(generate.text(model))("<|im_start|>user\nhi", max_tokens=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = chat.sync(state, str(state) + "<|im_end|>\n")
+    assert str(out) == str(state) + "<|im_end|>\n"
+    assert chat.sync(state, str(state)) is state
+
+
+def test_no_template_is_a_clear_error():
+    hf, tok = build_arch("qwen2")
+    tok.chat_template = None
+    model = models.transformers(hf, tok)
+    with pytest.raises(ValueError, match="no chat template"):
+        chat.prompt(model, [{"role": "user", "content": "hi"}])
