@@ -5,14 +5,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parent
+# This folder holds benchmarks named after packages (jsonschema.py): a script run from
+# here has the folder first on its path, where it would hide the package of that name
+# from every library (outlines imports jsonschema). Scripts still find each other last.
+if sys.path and os.path.realpath(sys.path[0] or ".") == str(ROOT):
+    sys.path.append(sys.path.pop(0))
+
+import torch  # noqa: E402
 MODELS = ROOT / ".models"
 RESULTS = ROOT / "results"
 

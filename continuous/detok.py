@@ -58,14 +58,33 @@ class Detokenizer:
     context_ids
         The row's ids before the first new token: they decide how the first new token
         decodes (a SentencePiece word's space, the rest of a split character).
+
+    Attributes
+    ----------
+    replaced
+        After a piece, how many characters at the end of the text before it the piece
+        replaces (almost always 0). It is not 0 when the text before ended inside a
+        character, flushed as replacement characters (a call cut it, e.g. by
+        ``max_tokens``), that this piece completes, or when a byte-fallback decoder
+        rewrites a run of bytes; the caller drops those characters, so that the text
+        stays the decode of the ids.
     """
 
     def __init__(self, tokenizer, context_ids: Sequence[int]):
         self._backend = backend_of(tokenizer)
         self._bytes = _byte_tokens(self._backend)
-        self._done = [int(i) for i in list(context_ids)[-_CONTEXT:]]  # ids whose text was given out
+        self._done = self._window([int(i) for i in context_ids])  # ids whose text was given out
         self._pending: list[int] = []  # ids since the last piece (an incomplete character)
+        self.replaced = 0
         self._stream = self._new_stream()
+
+    def _window(self, ids: list[int]) -> list[int]:
+        # The last few ids, and the whole run of byte tokens the first of them is in:
+        # a byte-fallback decoder may rewrite all of a run (see step).
+        start = max(0, len(ids) - _CONTEXT)
+        while 0 < start < len(ids) and ids[start] in self._bytes and ids[start - 1] in self._bytes:
+            start -= 1
+        return ids[start:]
 
     def _new_stream(self) -> DecodeStream | None:
         # A stream primed with text that ends inside a character gives out the primed
@@ -89,6 +108,7 @@ class Detokenizer:
         """
         token_id = int(token_id)
         self._pending.append(token_id)
+        self.replaced = 0
         if self._is_byte(token_id):
             # A byte-fallback decoder decodes a run of byte tokens together, and writes
             # the whole run as replacement characters when it is not valid UTF-8: a
@@ -107,7 +127,10 @@ class Detokenizer:
         return piece
 
     def flush(self) -> str:
-        """The text of the held-back tokens, incomplete bytes as replacement characters."""
+        """The text of the held-back tokens, incomplete bytes as replacement characters.
+
+        Like a piece of :meth:`step`, it may replace :attr:`replaced` characters.
+        """
         return self._emit(force=True) or ""
 
     def copy(self) -> "Detokenizer":
@@ -117,6 +140,7 @@ class Detokenizer:
         new._bytes = self._bytes
         new._done = list(self._done)
         new._pending = list(self._pending)
+        new.replaced = self.replaced
         new._stream = _copy.copy(self._stream) if self._stream is not None else None
         return new
 
@@ -124,6 +148,7 @@ class Detokenizer:
         return token_id in self._bytes
 
     def _emit(self, force: bool) -> str | None:
+        self.replaced = 0
         if not self._pending:
             return ""
         before = self._decode(self._done)
@@ -137,12 +162,13 @@ class Detokenizer:
         while keep < min(len(before), len(now)) and before[keep] == now[keep]:
             keep += 1
         piece = now[keep:]
+        self.replaced = len(before) - keep
         self._advance()
         self._stream = self._new_stream()
         return piece
 
     def _advance(self) -> None:
-        self._done = (self._done + self._pending)[-_CONTEXT:]
+        self._done = self._window(self._done + self._pending)
         self._pending = []
 
 

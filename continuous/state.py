@@ -39,6 +39,12 @@ class SequenceState:
     whatever cache is still valid. Build states by calling a
     :class:`~continuous.wrapper.ContinuousGenerator`.
 
+    As a container of rows, ``iter`` yields each row's text and ``len`` counts the rows;
+    as a string, ``text in state`` looks for ``text`` in the rows' texts and
+    ``bool(state)`` is False only when every text is empty. Attributes are read-only,
+    the tensors it exposes are copies, ``copy``/``deepcopy`` give the state itself (it is
+    a value), and pickling raises ``TypeError`` (it holds the model and its cache).
+
     Attributes
     ----------
     token_ids, attention_mask

@@ -354,3 +354,17 @@ def test_impossible_dates_are_not_in_the_constraint(model, build, text):
     gen = build(model)
     assert not accepts(gen, text)
     assert accepts(gen, text.replace("-29", "-28").replace("-31", "-30").replace("-30T", "-28T"))
+
+
+@pytest.mark.parametrize("node, inside, outside", [
+    ({"minimum": 0}, [0, 1.5, 2e-05], [-1.5, -3]),
+    ({"exclusiveMinimum": 1.5}, [2.5, 1.75], [-2.0]),
+    ({"maximum": -1}, [-1, -2.5], [0, 3.5]),
+    ({"exclusiveMaximum": 0}, [-0.5], [0, 1]),
+])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_json_number_bounds_fix_the_sign_in_the_constraint(model, node, inside, outside, engine):
+    schema = {"type": "object", "properties": {"n": {"type": "number", **node}}, "required": ["n"]}
+    gen = generate.json(model, schema, whitespace_pattern=WS, engine=engine)
+    assert all(_doc_matches(gen, v) for v in inside)
+    assert not any(_doc_matches(gen, v) for v in outside)

@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from continuous import (BatchMismatch, CacheResetWarning, SampleMismatch, continuous, generate, models,
@@ -220,26 +220,64 @@ def test_any_sequence_of_operations_matches_recomputing(model, ops, batch):
     assert_equivalent(gen, state, n=4)
 
 
+def _ids(state):
+    return [state._rows.real_ids(r) for r in range(state._rows.n_rows)]
+
+
+def _common(a, b) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _held_after(op, arg, before, out, held):
+    """The ids whose K/V each row of ``out`` holds, derived from the operation alone.
+
+    A call holds everything but each row's last (sampled, never forwarded) token; a
+    slice or an addition keeps what its operand held (the ids that still agree are
+    found by comparing ids); a slice that starts after 0 holds nothing; a row
+    selection keeps the selected rows.
+    """
+    if op == "gen":
+        return [ids[:-1] for ids in _ids(out)]
+    if op == "slice_from":
+        return [[] for _ in held]
+    if op == "rows" and before.batch_size > 1:
+        return [held[arg % before.batch_size]]
+    return held
+
+
+def _generated(state, out):
+    counts = [len(b) - len(a) for a, b in zip(_ids(state), _ids(out))]
+    # A row that stopped (EOS) before the others may have its last token forwarded in
+    # the batch's next step: the operations alone cannot say, so such runs are skipped.
+    assume(len(set(counts)) == 1)
+    return counts
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS)
 def test_no_waste(model, ops):
-    """tokens_forwarded grows by exactly the tokens the state's cache lacked, plus generated ones."""
+    """tokens_forwarded grows by exactly the tokens the state's cache lacks, plus generated ones.
+
+    What the cache lacks is derived from the operations and the token ids (issue 9,
+    item 11), never from the library's own accounting.
+    """
     gen = continuous(generate.text(model))
     state = gen(PROMPTS[:2], max_tokens=3)
+    _generated(gen(PROMPTS[:2], max_tokens=0), state)
+    held = [ids[:-1] for ids in _ids(state)]
     for op, arg in ops:
-        state = apply(op, arg, state, gen)
-    rows = state._rows
-    lacking = int(rows.attention_mask[:, rows.cache_length:].sum())
-    # a row whose last token is cached but whose logits a cut dropped recomputes that token
-    redo = sum(1 for r in range(rows.n_rows)
-               if not rows.logits_ok[r] and int(rows.attention_mask[r, rows.cache_length:].sum()) == 0)
+        new = apply(op, arg, state, gen)
+        if op == "gen":
+            _generated(state, new)
+        held = _held_after(op, arg, state, new, held)
+        state = new
+    # A row whose ids are all held still forwards its last token: its logits are gone.
+    lacking = [len(ids) - min(_common(ids, h), len(ids) - 1) for ids, h in zip(_ids(state), held)]
+    assert all(n <= len(ids) for n, ids in zip(lacking, _ids(state)))
     before = model.stats.tokens_forwarded
     out = gen(state, max_tokens=4)
-    generated = [len(out._rows.real_ids(r)) - len(rows.real_ids(r)) for r in range(rows.n_rows)]
-    # the last generated token of a row is forwarded only when the row is continued again
-    unforwarded = sum(1 for r in range(rows.n_rows) if not out._rows.logits_ok[r])
-    assert model.stats.tokens_forwarded - before == lacking + redo + sum(generated) - unforwarded
-    assert redo <= rows.n_rows  # the cut boundary costs at most one token per row
+    generated = _generated(state, out)
+    assert model.stats.tokens_forwarded - before == sum(lacking) + sum(g - 1 for g in generated if g)
 
 
 def test_branches_from_one_prefix_continue_in_any_order(model):

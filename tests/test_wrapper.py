@@ -102,7 +102,7 @@ def test_seed_and_rng_make_sampling_reproducible(model):
     assert torch.equal(a.weights, b.weights)
 
 
-def test_beam_search_keeps_beams_across_calls(model):
+def test_beam_search_keeps_beams_across_calls(model, hf_model):
     gen = continuous(generate.text(model, samplers.beam_search(3)))
     state = gen("Alice", max_tokens=4)
     assert state.num_samples == 3
@@ -111,7 +111,17 @@ def test_beam_search_keeps_beams_across_calls(model):
     assert torch.all(w[:-1] >= w[1:])  # best first
     more = gen(state + " and", max_tokens=3)
     assert more.num_samples == 3
-    assert torch.all(more.weights <= state.weights.max())
+    # Each beam's weight is exactly its ancestor's plus the log-probabilities of the
+    # tokens it generated (appended text adds none), scored here by the model itself.
+    prompt = state + " and"
+    for r, text in enumerate(more):
+        ancestor = next(a for a, t in enumerate(prompt) if text.startswith(t))
+        ids = more._rows.real_ids(r)
+        start = len(prompt._rows.real_ids(ancestor))
+        with torch.no_grad():
+            logprobs = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].double(), -1)
+        gained = sum(float(logprobs[i - 1, ids[i]]) for i in range(start, len(ids)))
+        assert float(more.weights[0, r]) == pytest.approx(float(state.weights[0, ancestor]) + gained, abs=1e-3)
 
 
 def test_sample_mismatch_names_both_counts(model):
@@ -179,3 +189,26 @@ def test_stream_checks_its_arguments_when_called(gen):
         gen.stream(42)
     with pytest.raises(ValueError):
         gen.stream("a", max_tokens=-2)
+
+
+# ---------------------------------------------------------------- issue 9, item 1
+@pytest.fixture(scope="module")
+def demo():
+    from continuous import models
+    from continuous.assets import DEMO_MODEL
+
+    return models.transformers(DEMO_MODEL, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("seeds", [(25, 18), tuple(range(274, 280)), tuple(range(322, 328))])
+def test_text_is_the_decode_of_its_ids_one_token_per_call(demo, seeds):
+    # Random tokens (temperature 1e6) often split a character between two calls; the
+    # text must stay the decode of the ids (it once repeated the whole context).
+    gen = continuous(generate.text(demo, samplers.multinomial(temperature=1e6)))
+    state = gen("User: Hi\nAssistant:", max_tokens=0)
+    for seed in seeds:
+        state = gen(state, max_tokens=1, seed=seed)
+        ids = state._rows.real_ids(0)[1:]  # the prompt's text leaves out the BOS it was given
+        # Generated special tokens are text like any other.
+        assert str(state) == demo.tokenizer.decode(ids, skip_special_tokens=False,
+                                                   clean_up_tokenization_spaces=False)

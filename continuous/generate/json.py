@@ -122,6 +122,22 @@ def _inward(value, strict: bool, up: bool) -> int:
     return n - 1 if strict and n == value else n
 
 
+_UNSIGNED = r"(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-][0-9]+)?"  # outlines_core's JSON number, no sign
+
+
+def _real_bound(node: dict, key: str, exclusive: str, pick):
+    """The tighter of a node's plain and exclusive numeric bounds on one side, or ``None``."""
+    values = [node[k] for k in (key, exclusive)
+              if isinstance(node.get(k), (int, float)) and not isinstance(node.get(k), bool)]
+    return pick(values) if values else None
+
+
+def _exclusive_max(node: dict) -> bool:
+    value = node.get("exclusiveMaximum")
+    return value is True or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                             and value <= node.get("maximum", value))
+
+
 _YEAR = "([1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"  # 0001-9999, as datetime.date
 _LEAP = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
 DATE = (f"({_YEAR}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
@@ -161,11 +177,22 @@ class _Exact:
             return node
         node = {k: self.rewrite(v) for k, v in node.items()}
         kind = node.get("type")
-        if kind == "integer" and "multipleOf" not in node:
+        # Keywords that narrow the integers further stay with outlines_core (and the
+        # validation of ``value``).
+        if kind == "integer" and not {"multipleOf", "enum", "const"} & set(node):
             low = _bound(node, "minimum", "exclusiveMinimum", up=True)
             high = _bound(node, "maximum", "exclusiveMaximum", up=False)
             if low is not None or high is not None:
                 return self.mark(integer_range(low, high))
+        if kind == "number" and not {"multipleOf", "enum", "const"} & set(node):
+            # A regex cannot bound a real number simply, but it can fix its sign; the
+            # bounds themselves are checked on ``value``.
+            low = _real_bound(node, "minimum", "exclusiveMinimum", max)
+            if low is not None and low >= 0:
+                return self.mark(_UNSIGNED)
+            high = _real_bound(node, "maximum", "exclusiveMaximum", min)
+            if high is not None and (high < 0 or (high == 0 and _exclusive_max(node))):
+                return self.mark("-" + _UNSIGNED)
         if kind == "string" and node.get("format") in ("date", "date-time"):
             return self.mark('"' + (DATE if node["format"] == "date" else DATE_TIME) + '"')
         return node
