@@ -78,18 +78,22 @@ def test_json_equals_hf_generate_under_the_same_constraint(arch):
     name, hf, tok, model = arch
     schema = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string", "maxLength": 6}},
               "required": ["n", "s"]}
-    gen = continuous(generate.json(model, schema))
+    schema["additionalProperties"] = False
+    gen = continuous(generate.json(model, schema, whitespace_pattern=""))
     prompt = PROMPT + "\nJSON: "
     ids = tok(prompt).input_ids
     s = gen(prompt, max_tokens=24)
-    index = gen.generator.index
+    constraint = gen.generator.constraint
     eos = tok.eos_token_id
+    words = torch.zeros((model.vocab_size + 31) // 32, dtype=torch.int32)
 
     def allowed(batch_id, input_ids):
-        state = index.get_initial_state()
+        matcher = constraint.matcher()
         for t in input_ids[len(ids):].tolist():
-            state = index.get_next_state(state, t)
-        return index.get_allowed_tokens(state)
+            matcher.advance(t)
+        matcher.fill(words)
+        bits = (words.long().unsqueeze(-1) >> torch.arange(32)) & 1
+        return bits.view(-1).nonzero().flatten().tolist()
 
     ref = hf_greedy(hf, ids, 24, prefix_allowed_tokens_fn=allowed)
     assert real_ids(s)[len(ids):] == [t for t in ref if t != eos]
