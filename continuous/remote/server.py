@@ -106,7 +106,7 @@ class Server:
         # The first forward of a process is slow (allocator, thread pool): pay it before
         # announcing, not in the first session, which may be a failover waiting for us.
         b = self.blocks
-        cache = b.new_cache(b.start, b.end, 1, 4)
+        cache = b.new_cache(b.start, b.end, 4, MemoryBudget(2**40))
         b.step(cache, b.start, b.end, torch.zeros(1, 2, b.hidden_size), 0, None, None, None)
         b.step(cache, b.start, b.end, torch.zeros(1, 1, b.hidden_size), 2, None, None, None)
 
