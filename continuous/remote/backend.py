@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,6 +22,39 @@ def layer_windows(config) -> list[int | None]:
     if types is None:
         return [window] * config.num_hidden_layers
     return [window if t == "sliding_attention" else None for t in types]
+
+
+@dataclass
+class Step:
+    """One session's step, as :meth:`Blocks.step` takes it (see there)."""
+
+    cache: SessionCache
+    hidden: torch.Tensor
+    start_position: int
+    hypo_ids: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
+
+
+class _BatchCache:
+    """The caches of the sessions of one batched step, seen by attention layers as one.
+
+    ``update`` writes each session's new keys and values into its own cache and returns
+    all sessions' keys and values stacked, padded to ``total`` slots.
+    """
+
+    def __init__(self, caches: list[SessionCache], total: int):
+        self.caches, self.total = caches, total
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        keys, values, row = [], [], 0
+        for cache in self.caches:
+            k, v = cache.update(key[row : row + cache.rows], value[row : row + cache.rows], layer_idx)
+            pad = (0, 0, 0, self.total - k.shape[2])
+            keys.append(nn.functional.pad(k, pad))
+            values.append(nn.functional.pad(v, pad))
+            row += cache.rows
+        return torch.cat(keys), torch.cat(values)
 
 
 class Blocks(nn.Module):
@@ -74,7 +108,6 @@ class Blocks(nn.Module):
         """An empty cache for blocks ``start:end``, growing on demand within ``budget``."""
         return SessionCache(start, end - start, self.n_kv_heads, max_length, self.head_dim, self.dtype_, budget)
 
-    @torch.inference_mode()
     def step(self, cache: SessionCache, start: int, end: int, hidden: torch.Tensor, start_position: int,
              hypo_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
              position_ids: torch.Tensor | None) -> torch.Tensor:
@@ -85,33 +118,60 @@ class Blocks(nn.Module):
         [rows, n]; without them the step is plainly causal at positions
         ``start_position .. start_position + n``.
         """
-        rows, n, _ = hidden.shape
-        cache.prepare(start_position, rows, n, hypo_ids)
-        x = hidden.to(self.dtype_)
-        if position_ids is None:
-            position_ids = torch.arange(start_position, start_position + n).expand(rows, n)
-        positions = cache.write_positions(position_ids)
-        masks = {w: self._mask(start_position, n, attention_mask, positions, w)
-                 for w in set(self.windows[start:end])}
+        return self.step_batch(start, end, [Step(cache, hidden, start_position, hypo_ids, attention_mask,
+                                                 position_ids)])[0]
+
+    @torch.inference_mode()
+    def step_batch(self, start: int, end: int, steps: list["Step"]) -> list[torch.Tensor]:
+        """Run the steps of several sessions, all of ``n`` new tokens, as one forward of blocks ``start:end``.
+
+        Each session keeps its own cache, positions and mask: the rows of all steps are
+        stacked, each attention layer reads every session's keys padded to the longest,
+        and the mask hides the padding. Row for row the result is that of each step alone,
+        up to the rounding of differently shaped matrix products.
+        """
+        n = steps[0].hidden.shape[1]
+        if any(s.hidden.shape[1] != n for s in steps):
+            raise ValueError("the steps of a batch must all have the same number of new tokens")
+        positions, masks = [], {w: [] for w in set(self.windows[start:end])}
+        for s in steps:
+            rows = s.hidden.shape[0]
+            s.cache.prepare(s.start_position, rows, n, s.hypo_ids)
+            if s.position_ids is None:
+                s.position_ids = torch.arange(s.start_position, s.start_position + n).expand(rows, n)
+            slot_positions = s.cache.write_positions(s.position_ids)
+            for w, out in masks.items():
+                out.append(self._mask(s.start_position, n, s.attention_mask, slot_positions, w,
+                                      force=len(steps) > 1))
+        total = max(s.start_position + n for s in steps)
+        # Keys past a session's own length are padding: masked out for its rows.
+        mask = {w: torch.cat([nn.functional.pad(m, (0, total - m.shape[-1]), value=torch.finfo(self.dtype_).min)
+                              for m in ms]) if len(ms) > 1 else ms[0] for w, ms in masks.items()}
+        x = torch.cat([s.hidden.to(self.dtype_) for s in steps])
+        position_ids = torch.cat([s.position_ids for s in steps])
+        cache = steps[0].cache if len(steps) == 1 else _BatchCache([s.cache for s in steps], total)
         position_embeddings = self.rotary(x, position_ids)
         for i, layer in enumerate(self.layers[start - self.start : end - self.start], start):
-            x = layer(x, attention_mask=masks[self.windows[i]], position_ids=position_ids, past_key_values=cache,
+            x = layer(x, attention_mask=mask[self.windows[i]], position_ids=position_ids, past_key_values=cache,
                       position_embeddings=position_embeddings)
-        cache.commit(n)
-        return x.to(hidden.dtype)
+        for s in steps:
+            s.cache.commit(n)
+        return [out.to(s.hidden.dtype) for out, s in zip(x.split([s.hidden.shape[0] for s in steps]), steps)]
 
     def _mask(self, start: int, n: int, attention_mask: torch.Tensor | None, positions: torch.Tensor,
-              window: int | None) -> torch.Tensor | None:
+              window: int | None, force: bool = False) -> torch.Tensor | None:
         """The additive attention mask of one step: the one place masks are built on the swarm.
 
         Keys are slots: a query sees the slots up to its own that ``attention_mask`` keeps,
         and, under a sliding window, only those less than ``window`` *positions* behind it.
         Positions, not slot distances: a row may have masked holes in the middle, and the
-        window counts real tokens, as it does locally on the unpadded sequence.
+        window counts real tokens, as it does locally on the unpadded sequence. ``None``
+        (sdpa's own causal path) where that is the same, unless ``force``.
         """
         rows, total = positions.shape
         windowed = window is not None and int(positions.max() - positions.min()) >= window
-        if attention_mask is None and not windowed and not self.needs_mask and (start == 0 or n == 1):
+        if (attention_mask is None and not windowed and not self.needs_mask and not force
+                and (start == 0 or n == 1)):
             # Plain causal attention: sdpa's own causal path, the one the local model takes too.
             return None
         query = torch.arange(start, total)[:, None]

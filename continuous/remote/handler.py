@@ -19,13 +19,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 from hivemind.proto import runtime_pb2
 
-from continuous.remote.backend import Blocks
+from continuous.remote.backend import Blocks, Step
+from continuous.remote.batcher import Batcher
 from continuous.remote.memory import MemoryBudget, SessionCache
 from continuous.remote.protocol import (
     MAX_CONTROL_BYTES, AllocationError, BadRequestError, MaxLengthError, ProtocolError, RemoteError, SessionTimeoutError,
@@ -81,20 +81,22 @@ class InferenceHandler:
         Streams (sessions and streams still opening) one peer may hold at once.
     chunk_tokens
         Longest piece of a step run as one compute job.
+    batch_window
+        Seconds the compute thread waits after a step for others to batch with it.
     """
 
     def __init__(self, blocks: Blocks, budget: MemoryBudget, max_length: int, session_timeout: float,
                  on_change=lambda: None, *, open_timeout: float = 5.0, max_streams_per_peer: int = 64,
-                 chunk_tokens: int = 128):
+                 chunk_tokens: int = 128, batch_window: float = 0.002):
         self.blocks, self.budget = blocks, budget
         self.max_length, self.session_timeout = max_length, session_timeout
         self.on_change = on_change
         self.open_timeout, self.max_streams_per_peer = open_timeout, max_streams_per_peer
         self.chunk_tokens = chunk_tokens
         self.streams: dict[str, int] = {}  # peer id -> streams open
-        # One compute thread: steps run one at a time, off the event loop, so the DHT
-        # and the other streams keep being served while a step computes.
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="continuous-compute")
+        # One compute thread, off the event loop (the DHT and the streams keep being served
+        # while a step computes), running concurrent sessions' steps as one forward.
+        self.batcher = Batcher(blocks, window=batch_window)
         self.tasks: set[asyncio.Task] = set()
         self.closing = False
 
@@ -206,18 +208,16 @@ class InferenceHandler:
     async def _compute(self, session: Session, hidden, start, hypo_ids, mask, positions) -> torch.Tensor:
         """Run a step in chunks of ``chunk_tokens`` positions, each its own compute job.
 
-        The compute thread takes jobs in the order they come, so the decode steps of other
-        sessions run between the chunks of a long prefill instead of after all of it.
-        Attention is causal, so chunking does not change the result.
+        The compute thread takes jobs in the order they come (batching those that fit
+        together), so the decode steps of other sessions run between the chunks of a long
+        prefill instead of after all of it. Attention is causal: chunks change nothing.
         """
-        loop = asyncio.get_running_loop()
         n, outs = hidden.shape[1], []
         for a in range(0, n, self.chunk_tokens):
             b = min(n, a + self.chunk_tokens)
-            outs.append(await loop.run_in_executor(
-                self.executor, self.blocks.step, session.cache, session.start, session.end, hidden[:, a:b],
-                start + a, hypo_ids if a == 0 else None, None if mask is None else mask[:, : start + b],
-                None if positions is None else positions[:, a:b]))
+            outs.append(await self.batcher.submit(session.start, session.end, Step(
+                session.cache, hidden[:, a:b], start + a, hypo_ids if a == 0 else None,
+                None if mask is None else mask[:, : start + b], None if positions is None else positions[:, a:b])))
         return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
 
     def _check_step(self, session: Session, metadata: dict, tensors: list[torch.Tensor]):
@@ -270,4 +270,4 @@ class InferenceHandler:
             task.cancel()
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=5)
-        self.executor.shutdown(wait=True)
+        self.batcher.shutdown()

@@ -91,6 +91,16 @@ class SessionCache:
         """Bytes of keys, values and positions of ``rows`` rows of ``length`` positions."""
         return rows * length * (2 * n_layers * n_kv_heads * head_dim * dtype.itemsize + 8)
 
+    def reserve(self, rows: int, length: int) -> None:
+        """Make room for ``rows`` rows of ``length`` positions, charging the budget.
+
+        Raises
+        ------
+        AllocationError
+            The budget has no room; nothing changed.
+        """
+        self._grow(rows, length)
+
     def _grow(self, rows: int, length: int) -> None:
         n_layers, held_rows, heads, held_length, head_dim = self.keys.shape
         if rows <= held_rows and length <= held_length:

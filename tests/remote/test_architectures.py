@@ -78,3 +78,33 @@ def test_other_architectures_are_refused(name, tmp_path):
         Blocks(tmp_path, 0, 1)
     with pytest.raises(ValueError, match="not supported on the swarm"):
         DistributedModelForCausalLM.local_parts(tmp_path)
+
+
+@torch.inference_mode()
+def test_a_batch_of_sessions_equals_each_alone(arch):
+    """Sessions of different lengths, rows and masks stepped as one forward give what each
+    gives alone (allclose: the matrix products differ in shape only)."""
+    from continuous.remote.backend import Step
+
+    name, model, tok, path = arch
+    _, blocks = _swarm_parts(path, model.config.num_hidden_layers)
+    torch.manual_seed(0)
+    hidden = blocks.hidden_size
+    prompts = [torch.randn(1, 5, hidden), torch.randn(2, 17, hidden), torch.randn(1, 9, hidden)]
+    masks = [None, None, torch.tensor([[1, 1, 0, 0, 1, 1, 1, 1, 1, 1]])]
+    new = [torch.randn(p.shape[0], 1, hidden) for p in prompts]
+
+    def prefilled():
+        caches = []
+        for p, m in zip(prompts, masks):
+            cache = blocks.new_cache(0, blocks.end, 64, MemoryBudget(2**30))
+            blocks.step(cache, 0, blocks.end, p, 0, None, None if m is None else m[:, :-1], None)
+            caches.append(cache)
+        return caches
+
+    alone = [blocks.step(c, 0, blocks.end, x, p.shape[1], None, m, None)
+             for c, x, p, m in zip(prefilled(), new, prompts, masks)]
+    batched = blocks.step_batch(0, blocks.end, [Step(c, x, p.shape[1], None, m)
+                                                for c, x, p, m in zip(prefilled(), new, prompts, masks)])
+    for a, b in zip(alone, batched):
+        assert torch.allclose(a, b, atol=1e-5), (name, (a - b).abs().max())

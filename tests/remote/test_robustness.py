@@ -290,3 +290,29 @@ def test_replays_are_chunked():
     assert torch.equal(out, history * 2)
     with pytest.raises(ValueError, match="replay_chunk"):
         InferenceSession(None, 64, hidden_size=HIDDEN, replay_chunk=0)
+
+
+@torch.inference_mode()
+def test_concurrent_sessions_are_batched_and_unchanged(blocks):
+    """Steps of concurrent sessions run as shared forwards; each session's outputs are
+    those it gets alone (allclose: only the shapes of the products differ)."""
+    torch.manual_seed(1)
+    streams = [[(dict(OPEN), []), ({"type": "step", "start_position": 0, "tensors": ["hidden_states"]},
+                                   [torch.randn(rows, 3 + i, HIDDEN)])]
+               + [({"type": "step", "start_position": 3 + i + k, "tensors": ["hidden_states"]},
+                   [torch.randn(rows, 1, HIDDEN)]) for k in range(4)]
+               for i, rows in enumerate([1, 2, 1, 3])]
+    alone_handler = _handler(blocks)
+    alone = [asyncio.run(_serve(alone_handler, s)) for s in streams]
+    handler = _handler(blocks, batch_window=0.05)
+
+    async def together():
+        return await asyncio.gather(*[_serve(handler, s, peer=f"p{i}") for i, s in enumerate(streams)])
+
+    batched = asyncio.run(together())
+    assert handler.batcher.batches < handler.batcher.steps  # some forwards served several sessions
+    for a, b in zip(alone, batched):
+        assert len(a) == len(b) == 6 and all(r.get("ok") for r in b)
+        for ra, rb in zip(a[1:], b[1:]):
+            assert torch.allclose(ra["tensors"][0], rb["tensors"][0], atol=1e-5)
+    assert handler.budget.used_bytes == 0
