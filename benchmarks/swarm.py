@@ -91,7 +91,7 @@ def main():
             out = dist.generate(ids, session=session, max_new_tokens=n, min_new_tokens=n, do_sample=False)
             killer.join()
             moved = session.servers[0][0] != victim
-        failover_identical = moved and torch.equal(out, hf_out[:, -n:])
+        failover_identical = moved and torch.equal(out[:, -n:], hf_out[:, -n:])
         recovery = max(latencies)
         dist.shutdown()
     med = {k: round(median(v), 3) for k, v in ms.items()}
