@@ -108,3 +108,27 @@ def test_a_batch_of_sessions_equals_each_alone(arch):
                                                 for c, x, p, m in zip(prefilled(), new, prompts, masks)])
     for a, b in zip(alone, batched):
         assert torch.allclose(a, b, atol=1e-5), (name, (a - b).abs().max())
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", ["mistral", "gemma2"])
+def test_sliding_window_models_through_servers_equal_transformers(name, tmp_path):
+    """Two servers on 127.0.0.1 (two spans), greedy decoding well past the window: the
+    tokens of transformers' generate on the same model."""
+    from continuous.remote.launch import Swarm
+
+    model, tok = build_arch(name)
+    model.save_pretrained(tmp_path / name)
+    tok.save_pretrained(tmp_path / name)
+    ids = tok(TEXT, return_tensors="pt").input_ids[:, :16]
+    expected = model.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    half = model.config.num_hidden_layers // 2
+    with Swarm(tmp_path / name, tmp_path, cache_bytes=2**26, max_length=256) as swarm:
+        swarm.start(f"0:{half}", f"{half}:{model.config.num_hidden_layers}")
+        remote = DistributedModelForCausalLM.from_pretrained(tmp_path / name, initial_peers=swarm.maddrs,
+                                                             step_timeout=30.0)
+        try:
+            out = remote.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+        finally:
+            remote.shutdown()
+    assert torch.equal(out, expected)
