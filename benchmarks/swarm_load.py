@@ -17,6 +17,7 @@ import tempfile
 import threading
 
 import torch
+from hivemind.p2p import PeerID
 
 from common import emit, random_text, reference_model, parse_args
 from continuous.remote.hf import DistributedModelForCausalLM
@@ -61,15 +62,18 @@ def main():
         try:
             greedy_clients(model, prompts[:1], 2)  # warm the connections
             one, lat1, t1 = greedy_clients(model, prompts[:1], n)
+            before = [model.swarm.info(PeerID.from_base58(s.peer_id)) for s in swarm.servers]
             many, lat16, t16 = greedy_clients(model, prompts, n)
+            after = [model.swarm.info(PeerID.from_base58(s.peer_id)) for s in swarm.servers]
+            # Steps per forward on the servers during the 16-client load: the batching at work.
+            steps_per_forward = (sum(a["steps"] - b["steps"] for a, b in zip(after, before))
+                                 / max(1, sum(a["forwards"] - b["forwards"] for a, b in zip(after, before))))
             tps = {"1": n / t1, "16": clients * n / t16}
             identical = same(one) and same(many)
 
             # Fuzz under load: a hostile peer with its own daemon, while the clients decode.
             target = swarm.servers[0]
             hostile = SwarmClient(swarm.maddrs, default_dht_prefix(path), layers)
-            from hivemind.p2p import PeerID
-
             fuzzed = {}
             fuzzer = threading.Thread(target=lambda: fuzzed.update(fuzz(
                 hostile, PeerID.from_base58(target.peer_id), frames, hf.config.hidden_size, 0, layers // 2)))
@@ -105,7 +109,8 @@ def main():
     table = [("", "1 client", f"{clients} clients"),
              ("tokens/s", f"{tps['1']:.1f}", f"{tps['16']:.1f}"),
              ("p50 step ms", p50["1"], p50["16"]), ("p99 step ms", p99["1"], p99["16"]),
-             ("speedup", "", f"{tps['16'] / tps['1']:.2f}x"), ("identical to HF generate", identical, identical),
+             ("speedup", "", f"{tps['16'] / tps['1']:.2f}x"),
+             ("server steps per forward", "", f"{steps_per_forward:.1f}"), ("identical to HF generate", identical, identical),
              ("chaos: completed / identical / killed", "", f"{chaos_result['completed']} / "
               f"{chaos_result['identical']} / {chaos_result['killed']}"),
              ("chaos: cache in use after (bytes)", "", used_after_load),
@@ -115,7 +120,8 @@ def main():
               f"{fuzz_result['sessions_intact']}")]
     result = {"bench": "swarm_load", "model": size, "clients": clients, "tokens": n,
               "tokens_per_s": {k: round(v, 2) for k, v in tps.items()}, "identical": identical,
-              "p50_step_ms": p50, "p99_step_ms": p99, "chaos": chaos_result, "fuzz": fuzz_result,
+              "p50_step_ms": p50, "p99_step_ms": p99,
+              "steps_per_forward": round(steps_per_forward, 2), "chaos": chaos_result, "fuzz": fuzz_result,
               "bars": {"speedup_16_vs_1": round(tps["16"] / tps["1"], 2)}}
     emit("swarm_load", table, result, args.save)
 

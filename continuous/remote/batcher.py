@@ -1,7 +1,8 @@
 """The compute thread of a server: steps of concurrent sessions run as one forward.
 
 Sessions submit steps from the event loop; one thread takes everything queued (waiting
-up to ``window`` seconds after the first for more to come), groups the steps that can
+after the first for the other open sessions' steps, up to ``max_wait`` seconds, or
+``window`` seconds when it is alone), groups the steps that can
 share a forward (same blocks, same number of new tokens) and runs each group with
 :meth:`Blocks.step_batch`. Groups run in the order of their first step, so no session
 waits for more than one round of others; long prefills arrive in chunks (the handler
@@ -54,10 +55,18 @@ class Batcher:
         Seconds to wait after a first step for others to join its batch.
     max_rows
         Most rows of one batched forward.
+    max_wait
+        Longest wait after a first step while other sessions are open: their steps
+        usually follow within a few milliseconds, and one forward for all of them costs
+        little more than one for a single step.
+    expected
+        Returns how many sessions are open (the most steps a round can gather).
     """
 
-    def __init__(self, blocks: Blocks, window: float = 0.002, max_rows: int = 64):
+    def __init__(self, blocks: Blocks, window: float = 0.002, max_rows: int = 64, max_wait: float = 0.01,
+                 expected=lambda: 1):
         self.blocks, self.window, self.max_rows = blocks, window, max_rows
+        self.max_wait, self.expected = max_wait, expected
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self.batches = 0  # forwards run, and steps they served: for tests and logs
         self.steps = 0
@@ -76,10 +85,14 @@ class Batcher:
         if first is None:
             return None
         jobs = [first]
-        deadline = time.monotonic() + self.window
+        expected = self.expected()
+        deadline = time.monotonic() + (self.max_wait if expected > 1 else self.window)
         while True:
             try:
-                job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                if len(jobs) >= expected:  # every open session is in: take what is queued, no waiting
+                    job = self._queue.get_nowait()
+                else:
+                    job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 return jobs
             if job is None:

@@ -96,7 +96,8 @@ class InferenceHandler:
         self.streams: dict[str, int] = {}  # peer id -> streams open
         # One compute thread, off the event loop (the DHT and the streams keep being served
         # while a step computes), running concurrent sessions' steps as one forward.
-        self.batcher = Batcher(blocks, window=batch_window)
+        self.sessions = 0  # open sessions: how many steps the compute thread may wait for
+        self.batcher = Batcher(blocks, window=batch_window, expected=lambda: self.sessions)
         self.tasks: set[asyncio.Task] = set()
         self.closing = False
 
@@ -111,6 +112,7 @@ class InferenceHandler:
                 raise AllocationError(f"too many streams from one peer (limit {self.max_streams_per_peer})")
             session = await self._open(reader, writer)
             if session is not None:  # reserved: from here on, `finally` releases it
+                self.sessions += 1
                 await write_message(writer, {"ok": True, "timeout": session.timeout}, response=True)
                 await self._serve(session, reader, writer)
         except asyncio.TimeoutError:
@@ -124,6 +126,7 @@ class InferenceHandler:
             await self._reply_error(writer, e)
         finally:
             if session is not None:
+                self.sessions -= 1
                 session.cache.release()
                 self.on_change()
             self.streams[peer] -= 1

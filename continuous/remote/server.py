@@ -87,6 +87,8 @@ class Server:
             "state": state, "start": self.blocks.start, "end": self.blocks.end,
             "free_bytes": self.budget.free_bytes, "max_length": self.max_length,
             "token_bytes": self.blocks.cache_nbytes(1, 1, 1),  # per block, row and token
+            # Forwards run and the steps they served: how much concurrent sessions are batched.
+            "forwards": self.handler.batcher.batches, "steps": self.handler.batcher.steps,
         }
 
     async def start(self) -> list[str]:
