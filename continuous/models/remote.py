@@ -139,6 +139,7 @@ class Remote:
         self.vocab_size = model.lm_head.weight.shape[0]
         self.max_length = max_length
         self.max_batch = max_batch
+        self.device = torch.device("cpu")  # embeddings and head run here; logits come back here
 
     def __repr__(self) -> str:
         return f"models.remote({self.model.config.name_or_path!r}, vocab={self.vocab_size})"
@@ -162,11 +163,11 @@ class Remote:
         else:
             handle, hypo_ids = cache._handle, cache._rows
         with torch.no_grad():
-            hidden = self.model.model.embed_tokens(input_ids.cpu())
+            hidden = self.model.embed(input_ids.cpu())
             mask = None if bool(attention_mask.all()) else attention_mask
             out = handle.session.step(hidden, hypo_ids, start_position=start, attention_mask=mask,
                                       position_ids=position_ids(attention_mask, start))
-            logits = self.model.lm_head(self.model.model.norm(out[:, -logits_to_keep:]))
+            logits = self.model.logits(out[:, -logits_to_keep:])
         if hypo_ids is not None:
             handle.epoch += 1
         chunk = handle.write(start, n)

@@ -17,13 +17,14 @@ Heavy modules are imported on first use, so that ``import continuous.remote`` is
 """
 
 from continuous.remote.protocol import (
-    AllocationError, BadRequestError, MaxLengthError, ProtocolError, RemoteError, ServerShutdownError,
-    SessionTimeoutError,
+    AllocationError, BadRequestError, MaxLengthError, ProtocolError, RemoteError, ServerFaultError,
+    ServerShutdownError, SessionTimeoutError,
 )
 
 __all__ = [
     "DistributedModelForCausalLM", "InferenceSession", "SwarmClient", "RemoteError", "BadRequestError",
     "MaxLengthError", "AllocationError", "SessionTimeoutError", "ServerShutdownError", "ProtocolError",
+    "ServerFaultError",
 ]
 
 _LAZY = {"DistributedModelForCausalLM": "continuous.remote.hf", "InferenceSession": "continuous.remote.client",

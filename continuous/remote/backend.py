@@ -2,68 +2,63 @@
 
 from __future__ import annotations
 
-import importlib
-import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from continuous.remote.memory import SessionCache
+from continuous.remote.checkpoint import load_config, model_class, read_weights
+from continuous.remote.memory import MemoryBudget, SessionCache
 
 logger = logging.getLogger(__name__)
 
 
-def load_config(model_path: str | Path):
-    """The model's transformers config, with an attention implementation that takes explicit masks."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model_path)
-    config._attn_implementation = "sdpa"
-    return config
-
-
-def model_classes(config) -> tuple[type, type]:
-    """The decoder layer and rotary embedding classes of a Llama-like architecture."""
-    arch = (config.architectures or ["LlamaForCausalLM"])[0]
-    prefix = arch.removesuffix("ForCausalLM")
-    module = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
-    try:
-        return getattr(module, f"{prefix}DecoderLayer"), getattr(module, f"{prefix}RotaryEmbedding")
-    except AttributeError:
-        raise ValueError(f"unsupported architecture {arch}: no {prefix}DecoderLayer/RotaryEmbedding") from None
+def layer_windows(config) -> list[int | None]:
+    """Each block's sliding window (``None``: full attention), as transformers assigns them."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return [window] * config.num_hidden_layers
+    return [window if t == "sliding_attention" else None for t in types]
 
 
-def read_weights(model_path: str | Path, prefixes: list[str]) -> dict[str, torch.Tensor]:
-    """Read from the safetensors checkpoint only the tensors whose names start with ``prefixes``.
+@dataclass
+class Step:
+    """One session's step, as :meth:`Blocks.step` takes it (see there)."""
 
-    Sharded checkpoints are read through their index, so only the shards that hold the
-    wanted tensors are opened, and ``safe_open`` reads only the requested tensors.
+    cache: SessionCache
+    hidden: torch.Tensor
+    start_position: int
+    hypo_ids: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
+
+
+class _BatchCache:
+    """The caches of the sessions of one batched step, seen by attention layers as one.
+
+    ``update`` writes each session's new keys and values into its own cache and returns
+    all sessions' keys and values stacked, padded to ``total`` slots.
     """
-    from safetensors import safe_open
 
-    path = Path(model_path)
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-    else:
-        with safe_open(path / "model.safetensors", framework="pt") as f:
-            weight_map = {name: "model.safetensors" for name in f.keys()}
-    by_file: dict[str, list[str]] = {}
-    for name, file in weight_map.items():
-        if any(name.startswith(p) for p in prefixes):
-            by_file.setdefault(file, []).append(name)
-    tensors = {}
-    for file, names in by_file.items():
-        with safe_open(path / file, framework="pt") as f:
-            for name in names:
-                tensors[name] = f.get_tensor(name)
-    return tensors
+    def __init__(self, caches: list[SessionCache], total: int):
+        self.caches, self.total = caches, total
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        keys, values, row = [], [], 0
+        for cache in self.caches:
+            k, v = cache.update(key[row : row + cache.rows], value[row : row + cache.rows], layer_idx)
+            pad = (0, 0, 0, self.total - k.shape[2])
+            keys.append(nn.functional.pad(k, pad))
+            values.append(nn.functional.pad(v, pad))
+            row += cache.rows
+        return torch.cat(keys), torch.cat(values)
 
 
 class Blocks(nn.Module):
-    """Blocks ``start:end`` of a Llama-like model, loaded without the rest of the checkpoint.
+    """Blocks ``start:end`` of a supported model (see ``checkpoint.ARCHITECTURES``), loaded alone.
 
     Parameters
     ----------
@@ -80,7 +75,10 @@ class Blocks(nn.Module):
         config = load_config(model_path)
         if not 0 <= start < end <= config.num_hidden_layers:
             raise ValueError(f"blocks {start}:{end} out of range for a model of {config.num_hidden_layers} blocks")
-        layer_cls, rotary_cls = model_classes(config)
+        layer_cls, rotary_cls = model_class(config, "DecoderLayer"), model_class(config, "RotaryEmbedding")
+        self.windows = layer_windows(config)
+        # Eager attention (Gemma 2) has no causal path of its own: it always needs a mask.
+        self.needs_mask = config._attn_implementation == "eager"
         self.config, self.start, self.end, self.dtype_ = config, start, end, dtype
         self.hidden_size = config.hidden_size
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -102,12 +100,14 @@ class Blocks(nn.Module):
         logger.info("loaded blocks %d:%d of %s", start, end, model_path)
 
     def cache_nbytes(self, n_blocks: int, batch_size: int, max_length: int) -> int:
-        return SessionCache.nbytes(n_blocks, batch_size, self.n_kv_heads, max_length, self.head_dim, self.dtype_)
+        """Bytes of cache of ``batch_size`` rows of ``max_length`` positions over ``n_blocks`` blocks."""
+        return SessionCache.nbytes_for(n_blocks, batch_size, self.n_kv_heads, max_length, self.head_dim,
+                                       self.dtype_)
 
-    def new_cache(self, start: int, end: int, batch_size: int, max_length: int) -> SessionCache:
-        return SessionCache(start, end - start, batch_size, self.n_kv_heads, max_length, self.head_dim, self.dtype_)
+    def new_cache(self, start: int, end: int, max_length: int, budget: MemoryBudget) -> SessionCache:
+        """An empty cache for blocks ``start:end``, growing on demand within ``budget``."""
+        return SessionCache(start, end - start, self.n_kv_heads, max_length, self.head_dim, self.dtype_, budget)
 
-    @torch.inference_mode()
     def step(self, cache: SessionCache, start: int, end: int, hidden: torch.Tensor, start_position: int,
              hypo_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
              position_ids: torch.Tensor | None) -> torch.Tensor:
@@ -118,29 +118,69 @@ class Blocks(nn.Module):
         [rows, n]; without them the step is plainly causal at positions
         ``start_position .. start_position + n``.
         """
-        rows, n, _ = hidden.shape
-        cache.prepare(start_position, rows, hypo_ids)
-        x = hidden.to(self.dtype_)
-        if position_ids is None:
-            position_ids = torch.arange(start_position, start_position + n).expand(rows, n)
-        mask = self._mask(rows, start_position, n, attention_mask)
-        position_embeddings = self.rotary(x, position_ids)
-        for layer in self.layers[start - self.start : end - self.start]:
-            x = layer(x, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                      position_embeddings=position_embeddings)
-        cache.commit(n)
-        return x.to(hidden.dtype)
+        return self.step_batch(start, end, [Step(cache, hidden, start_position, hypo_ids, attention_mask,
+                                                 position_ids)])[0]
 
-    def _mask(self, rows: int, start: int, n: int, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-        if attention_mask is None and (start == 0 or n == 1):
+    @torch.inference_mode()
+    def step_batch(self, start: int, end: int, steps: list["Step"]) -> list[torch.Tensor]:
+        """Run the steps of several sessions, all of ``n`` new tokens, as one forward of blocks ``start:end``.
+
+        Each session keeps its own cache, positions and mask: the rows of all steps are
+        stacked, each attention layer reads every session's keys padded to the longest,
+        and the mask hides the padding. Row for row the result is that of each step alone,
+        up to the rounding of differently shaped matrix products.
+        """
+        n = steps[0].hidden.shape[1]
+        if any(s.hidden.shape[1] != n for s in steps):
+            raise ValueError("the steps of a batch must all have the same number of new tokens")
+        positions, masks = [], {w: [] for w in set(self.windows[start:end])}
+        for s in steps:
+            rows = s.hidden.shape[0]
+            s.cache.prepare(s.start_position, rows, n, s.hypo_ids)
+            if s.position_ids is None:
+                s.position_ids = torch.arange(s.start_position, s.start_position + n).expand(rows, n)
+            slot_positions = s.cache.write_positions(s.position_ids)
+            for w, out in masks.items():
+                out.append(self._mask(s.start_position, n, s.attention_mask, slot_positions, w,
+                                      force=len(steps) > 1))
+        total = max(s.start_position + n for s in steps)
+        # Keys past a session's own length are padding: masked out for its rows.
+        mask = {w: torch.cat([nn.functional.pad(m, (0, total - m.shape[-1]), value=torch.finfo(self.dtype_).min)
+                              for m in ms]) if len(ms) > 1 else ms[0] for w, ms in masks.items()}
+        x = torch.cat([s.hidden.to(self.dtype_) for s in steps])
+        position_ids = torch.cat([s.position_ids for s in steps])
+        cache = steps[0].cache if len(steps) == 1 else _BatchCache([s.cache for s in steps], total)
+        position_embeddings = self.rotary(x, position_ids)
+        for i, layer in enumerate(self.layers[start - self.start : end - self.start], start):
+            x = layer(x, attention_mask=mask[self.windows[i]], position_ids=position_ids, past_key_values=cache,
+                      position_embeddings=position_embeddings)
+        for s in steps:
+            s.cache.commit(n)
+        return [out.to(s.hidden.dtype) for out, s in zip(x.split([s.hidden.shape[0] for s in steps]), steps)]
+
+    def _mask(self, start: int, n: int, attention_mask: torch.Tensor | None, positions: torch.Tensor,
+              window: int | None, force: bool = False) -> torch.Tensor | None:
+        """The additive attention mask of one step: the one place masks are built on the swarm.
+
+        Keys are slots: a query sees the slots up to its own that ``attention_mask`` keeps,
+        and, under a sliding window, only those less than ``window`` *positions* behind it.
+        Positions, not slot distances: a row may have masked holes in the middle, and the
+        window counts real tokens, as it does locally on the unpadded sequence. ``None``
+        (sdpa's own causal path) where that is the same, unless ``force``.
+        """
+        rows, total = positions.shape
+        windowed = window is not None and int(positions.max() - positions.min()) >= window
+        if (attention_mask is None and not windowed and not self.needs_mask and not force
+                and (start == 0 or n == 1)):
             # Plain causal attention: sdpa's own causal path, the one the local model takes too.
             return None
-        total = start + n
         query = torch.arange(start, total)[:, None]
         key = torch.arange(total)[None, :]
         allowed = (key <= query)[None].expand(rows, n, total)
         if attention_mask is not None:
             allowed = allowed & attention_mask[:, None, :].bool()
+        if windowed:
+            allowed = allowed & (positions[:, start:, None] - positions[:, None, :] < window)
         # A query always sees itself, so a row whose keys are all masked cannot yield NaN.
         allowed = allowed | (key == query)[None]
         mask = torch.zeros(rows, 1, n, total, dtype=self.dtype_)

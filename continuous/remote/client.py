@@ -19,8 +19,8 @@ import torch
 from hivemind.proto import runtime_pb2
 
 from continuous.remote.protocol import (
-    INFERENCE_HANDLER, MAX_CONTROL_BYTES, BadRequestError, MaxLengthError, RemoteError, SessionTimeoutError,
-    raise_for_error, read_message, write_message,
+    INFERENCE_HANDLER, MAX_CONTROL_BYTES, BadRequestError, MaxLengthError, RemoteError, ServerFaultError,
+    SessionTimeoutError, raise_for_error, read_message, write_message,
 )
 from continuous.remote.routing import Hop, SwarmClient, loop_alive, run
 
@@ -93,7 +93,9 @@ class ServerSession:
         except asyncio.IncompleteReadError:
             await self._replies.put(RemoteError(f"connection to {self} lost"))
         except RemoteError as e:
-            await self._replies.put(e)
+            # Whatever the reader refused (too large, undecodable) is the server's fault, not
+            # the request's: the session fails over to another server instead of ending.
+            await self._replies.put(ServerFaultError(f"{self} sent a malformed reply: {e}"))
         except Exception as e:
             await self._replies.put(RemoteError(f"connection to {self} failed: {e!r}"))
 
@@ -124,8 +126,11 @@ class ServerSession:
             raise reply from write_error
         metadata, out = reply
         raise_for_error(metadata, self.peer.to_base58())
-        if len(out) != 1 or out[0].shape != tensors[0].shape:
-            raise RemoteError(f"{self} replied with a malformed step")
+        if (metadata.get("ok") is not True or len(out) != 1 or out[0].shape != tensors[0].shape
+                or not out[0].is_floating_point()):
+            self._broken = "malformed reply"
+            raise ServerFaultError(f"{self} replied with a malformed step: {metadata!r}, "
+                                   f"{[(t.dtype, list(t.shape)) for t in out]}")
         return out[0].to(tensors[0].dtype)
 
     def _call(self, coro, timeout: float, what: str):
@@ -198,17 +203,22 @@ class InferenceSession:
         Failed attempts tolerated per span and step before giving up.
     compression
         ``"none"`` (exact) or ``"float16"`` for hidden states on the wire.
+    replay_chunk
+        Most positions one step of a replay (after a failover) sends.
     """
 
     def __init__(self, swarm: SwarmClient, max_length: int, *, hidden_size: int, batch_size: int | None = None,
                  idle_timeout: float | None = None, step_timeout: float = 60.0, max_retries: int = 3,
-                 compression: str = "none"):
+                 compression: str = "none", replay_chunk: int = 256):
         if compression not in _COMPRESSIONS:
             raise ValueError(f"compression must be one of {sorted(_COMPRESSIONS)}")
         self.swarm, self.max_length, self.hidden_size = swarm, int(max_length), hidden_size
         self.batch_size = batch_size
         self.idle_timeout, self.step_timeout = idle_timeout, step_timeout
         self.max_retries, self.compression = max_retries, compression
+        if replay_chunk < 1:
+            raise ValueError(f"replay_chunk must be positive, got {replay_chunk}")
+        self.replay_chunk = replay_chunk
         self._spans: list[_Span] = []
         self._position = 0
         self._rows = 0
@@ -351,7 +361,7 @@ class InferenceSession:
         fork = InferenceSession(self.swarm, self.max_length, hidden_size=self.hidden_size,
                                 batch_size=self.batch_size, idle_timeout=self.idle_timeout,
                                 step_timeout=self.step_timeout, max_retries=self.max_retries,
-                                compression=self.compression)
+                                compression=self.compression, replay_chunk=self.replay_chunk)
         # Histories are never modified in place (steps build new tensors), so sharing them is safe.
         fork._spans = [_Span(span.start, span.end, None, span.inputs) for span in self._spans]
         fork._position, fork._rows, fork._positions, fork._mask = (self._position, self._rows, self._positions,
@@ -408,12 +418,19 @@ class InferenceSession:
         raise AssertionError("unreachable")
 
     def _replay(self, server: ServerSession, inputs: torch.Tensor | None) -> torch.Tensor | None:
-        """Rebuild a server's cache from the committed history, in one step from position 0."""
+        """Rebuild a server's cache from the committed history, from position 0.
+
+        The history goes in steps of at most :attr:`replay_chunk` positions, so that each
+        fits the step timeout and the server's limits however long the session is.
+        """
         if inputs is None or self._position == 0:
             return None
-        inputs = inputs[:, : self._position]
-        return server.step(inputs, 0, None, None if self._mask is None else self._mask[:, : self._position],
-                           self._positions[:, : self._position])
+        outs = []
+        for a in range(0, self._position, self.replay_chunk):
+            b = min(self._position, a + self.replay_chunk)
+            outs.append(server.step(inputs[:, a:b], a, None, None if self._mask is None else self._mask[:, :b],
+                                    self._positions[:, a:b]))
+        return torch.cat(outs, 1)
 
     def _replace(self, i: int) -> None:
         """Route new servers for span ``i`` and replay its history through them."""

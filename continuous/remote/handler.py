@@ -1,8 +1,12 @@
 """The server side of an inference session: one libp2p stream, one session, one cache.
 
 The client opens a stream and sends an ``open`` message (the blocks it wants, the
-session's ``max_length`` and ``batch_size``); the server reserves the cache in its
-budget or refuses. Then each ``step`` message carries new hidden states and, in its
+session's ``max_length`` and ``batch_size``) within a short ``open_timeout``; the
+server admits the session if its whole size could ever fit the budget, and then
+charges the budget for what the session's cache holds as it grows. Each peer has at
+most ``max_streams_per_peer`` streams open at once. Long steps run in chunks of
+``chunk_tokens`` positions, each a separate job of the compute thread, so a long
+prefill does not hold off the decode steps of other sessions for its whole length. Then each ``step`` message carries new hidden states and, in its
 metadata, the ``start_position`` of the step (positions before it are kept, the rest
 dropped); optional tensors ``hypo_ids``, ``attention_mask``, ``position_ids`` select
 rows of the cache before the step, mask keys and place tokens for RoPE. Every value is
@@ -15,16 +19,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 from hivemind.proto import runtime_pb2
 
-from continuous.remote.backend import Blocks
+from continuous.remote.backend import Blocks, Step
+from continuous.remote.batcher import Batcher
 from continuous.remote.memory import MemoryBudget, SessionCache
 from continuous.remote.protocol import (
-    MAX_CONTROL_BYTES, BadRequestError, MaxLengthError, ProtocolError, RemoteError, SessionTimeoutError,
+    MAX_CONTROL_BYTES, AllocationError, BadRequestError, MaxLengthError, ProtocolError, RemoteError, SessionTimeoutError,
     ServerShutdownError, error_metadata, read_message, write_message,
 )
 
@@ -42,7 +46,6 @@ class Session:
     max_length: int
     batch_size: int
     timeout: float
-    nbytes: int
     cache: SessionCache | None = None
 
     def step_bytes(self, hidden_size: int) -> int:
@@ -72,28 +75,48 @@ class InferenceHandler:
         Longest idle time of a session, in seconds; a client may ask for less.
     on_change
         Called (in the event loop) when the free cache changes, to announce it.
+    open_timeout
+        Seconds a new stream has to send its ``open`` message.
+    max_streams_per_peer
+        Streams (sessions and streams still opening) one peer may hold at once.
+    chunk_tokens
+        Longest piece of a step run as one compute job.
+    batch_window
+        Seconds the compute thread waits after a step for others to batch with it.
     """
 
     def __init__(self, blocks: Blocks, budget: MemoryBudget, max_length: int, session_timeout: float,
-                 on_change=lambda: None):
+                 on_change=lambda: None, *, open_timeout: float = 5.0, max_streams_per_peer: int = 64,
+                 chunk_tokens: int = 128, batch_window: float = 0.002):
         self.blocks, self.budget = blocks, budget
         self.max_length, self.session_timeout = max_length, session_timeout
         self.on_change = on_change
-        # One compute thread: steps run one at a time, off the event loop, so the DHT
-        # and the other streams keep being served while a step computes.
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="continuous-compute")
+        self.open_timeout, self.max_streams_per_peer = open_timeout, max_streams_per_peer
+        self.chunk_tokens = chunk_tokens
+        self.streams: dict[str, int] = {}  # peer id -> streams open
+        # One compute thread, off the event loop (the DHT and the streams keep being served
+        # while a step computes), running concurrent sessions' steps as one forward.
+        self.sessions = 0  # open sessions: how many steps the compute thread may wait for
+        self.batcher = Batcher(blocks, window=batch_window, expected=lambda: self.sessions)
         self.tasks: set[asyncio.Task] = set()
         self.closing = False
 
     async def __call__(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self.tasks.add(task)
+        peer = str(getattr(stream_info, "peer_id", ""))
+        self.streams[peer] = self.streams.get(peer, 0) + 1
         session = None
         try:
+            if self.streams[peer] > self.max_streams_per_peer:
+                raise AllocationError(f"too many streams from one peer (limit {self.max_streams_per_peer})")
             session = await self._open(reader, writer)
             if session is not None:  # reserved: from here on, `finally` releases it
+                self.sessions += 1
                 await write_message(writer, {"ok": True, "timeout": session.timeout}, response=True)
                 await self._serve(session, reader, writer)
+        except asyncio.TimeoutError:
+            await self._reply_error(writer, ProtocolError(f"no open message within {self.open_timeout} s"))
         except asyncio.CancelledError:
             await self._reply_error(writer, ServerShutdownError("the server is shutting down"))
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -103,9 +126,12 @@ class InferenceHandler:
             await self._reply_error(writer, e)
         finally:
             if session is not None:
-                session.cache = None
-                self.budget.release(session.nbytes)
+                self.sessions -= 1
+                session.cache.release()
                 self.on_change()
+            self.streams[peer] -= 1
+            if not self.streams[peer]:
+                del self.streams[peer]
             self.tasks.discard(task)
             writer.close()
 
@@ -116,7 +142,8 @@ class InferenceHandler:
             pass
 
     async def _open(self, reader, writer) -> Session | None:
-        metadata, tensors = await read_message(reader, MAX_CONTROL_BYTES, timeout=self.session_timeout)
+        metadata, tensors = await read_message(reader, MAX_CONTROL_BYTES, timeout=self.open_timeout,
+                                               frame_timeout=self.open_timeout)
         if metadata.get("type") != "open" or tensors:
             raise ProtocolError("the first message of a stream must open a session")
         if self.closing:
@@ -135,23 +162,25 @@ class InferenceHandler:
                 timeout = min(max(float(timeout), 0.1), self.session_timeout)
             else:
                 timeout = self.session_timeout
+            # Admission: the session's worst case must fit the budget some day, and its
+            # first allocation now; it is charged for what it holds as it grows.
             nbytes = b.cache_nbytes(end - start, batch_size, max_length)
-            self.budget.reserve(nbytes)  # raises AllocationError
+            if nbytes > self.budget.max_bytes:
+                raise AllocationError(f"session needs up to {nbytes} bytes of attention cache but the server's "
+                                      f"budget is {self.budget.max_bytes} bytes")
+            first = b.cache_nbytes(end - start, 1, min(max_length, SessionCache.MIN_LENGTH))
+            if first > self.budget.free_bytes:
+                raise AllocationError(f"session needs {first} bytes of attention cache to start but the server "
+                                      f"has {self.budget.free_bytes} of {self.budget.max_bytes} bytes free")
         except RemoteError as e:
             await write_message(writer, error_metadata(e), response=True)
             return None
-        session = Session(start, end, max_length, batch_size, timeout, nbytes)
-        try:
-            session.cache = b.new_cache(start, end, batch_size, max_length)
-        except BaseException:
-            self.budget.release(nbytes)
-            raise
-        self.on_change()
+        session = Session(start, end, max_length, batch_size, timeout, b.new_cache(start, end, max_length,
+                                                                                    self.budget))
         logger.info("opened session: blocks %d:%d, max_length %d, batch %d", start, end, max_length, batch_size)
         return session
 
     async def _serve(self, session: Session, reader, writer) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             try:
                 metadata, tensors = await read_message(
@@ -172,10 +201,27 @@ class InferenceHandler:
                 # The session is untouched: the client may fix its request and go on.
                 await write_message(writer, error_metadata(e), response=True)
                 continue
-            out = await loop.run_in_executor(self.executor, self.blocks.step, session.cache, session.start,
-                                             session.end, *args)
+            try:
+                out = await self._compute(session, *args)
+            finally:
+                self.on_change()  # the cache may have grown
             compression = metadata.get("compression") if metadata.get("compression") in _REPLY_COMPRESSIONS else 0
             await write_message(writer, {"ok": True}, [out], compression=compression, response=True)
+
+    async def _compute(self, session: Session, hidden, start, hypo_ids, mask, positions) -> torch.Tensor:
+        """Run a step in chunks of ``chunk_tokens`` positions, each its own compute job.
+
+        The compute thread takes jobs in the order they come (batching those that fit
+        together), so the decode steps of other sessions run between the chunks of a long
+        prefill instead of after all of it. Attention is causal: chunks change nothing.
+        """
+        n, outs = hidden.shape[1], []
+        for a in range(0, n, self.chunk_tokens):
+            b = min(n, a + self.chunk_tokens)
+            outs.append(await self.batcher.submit(session.start, session.end, Step(
+                session.cache, hidden[:, a:b], start + a, hypo_ids if a == 0 else None,
+                None if mask is None else mask[:, : start + b], None if positions is None else positions[:, a:b])))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
 
     def _check_step(self, session: Session, metadata: dict, tensors: list[torch.Tensor]):
         if metadata.get("type") != "step":
@@ -227,4 +273,4 @@ class InferenceHandler:
             task.cancel()
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=5)
-        self.executor.shutdown(wait=True)
+        self.batcher.shutdown()

@@ -1,7 +1,7 @@
 """A transformers causal LM whose blocks run in the swarm: embeddings, norm and head are local.
 
 ``generate()`` is transformers' own: the model's ``past_key_values`` is a
-:class:`RemoteCache` that only knows the session's position and turns beam search's
+:class:`SwarmSessionCache` that only knows the session's position and turns beam search's
 ``reorder_cache`` into the ``hypo_ids`` of the next step, so every decoding strategy of
 transformers works unchanged.
 """
@@ -19,7 +19,7 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from continuous.remote.backend import load_config, read_weights
+from continuous.remote.checkpoint import architecture, load_config, model_class, read_weights
 from continuous.remote.client import InferenceSession
 from continuous.remote.protocol import default_dht_prefix
 from continuous.remote.routing import SwarmClient
@@ -27,7 +27,7 @@ from continuous.remote.routing import SwarmClient
 logger = logging.getLogger(__name__)
 
 
-class RemoteCache(Cache):
+class SwarmSessionCache(Cache):
     """The stand-in for a KV cache that lives on the servers of a session.
 
     Parameters
@@ -54,10 +54,19 @@ class RemoteCache(Cache):
         beam_idx = beam_idx.cpu()
         self.hypo_ids = beam_idx if self.hypo_ids is None else self.hypo_ids[beam_idx]
 
-    def crop(self, max_length: int) -> None:
-        if max_length < 0:
-            max_length = self.session.position + max_length
-        self.session.position = min(self.session.position, max_length)
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last ``-tokens_to_remove`` positions (transformers 5: the argument is <= 0).
+
+        Raises
+        ------
+        ValueError
+            ``tokens_to_remove`` is positive (transformers' legacy "final length" form,
+            which it refuses too).
+        """
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop() takes the number of tokens to remove as a negative integer, got "
+                             f"{tokens_to_remove}")
+        self.session.position = max(0, self.session.position + tokens_to_remove)
 
     def pop_hypo_ids(self) -> torch.Tensor | None:
         hypo_ids, self.hypo_ids = self.hypo_ids, None
@@ -78,8 +87,10 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = nn.Module()
         self.model.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        norm_cls = _norm_class(config)
-        self.model.norm = norm_cls(config.hidden_size, eps=config.rms_norm_eps)
+        self.model.norm = model_class(config, "RMSNorm")(config.hidden_size, eps=config.rms_norm_eps)
+        # What the architecture does outside its blocks, as its transformers model does.
+        self.embed_scale = config.hidden_size**0.5 if architecture(config).embed_scale else None
+        self.logit_softcap = getattr(config, "final_logit_softcapping", None)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.swarm = swarm
         self.session_kwargs = dict(session_kwargs or {})
@@ -111,6 +122,22 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         config = load_config(model_path)
         swarm = SwarmClient(initial_peers, dht_prefix or default_dht_prefix(model_path), config.num_hidden_layers,
                             timeout=swarm_timeout)
+        return cls.local_parts(model_path, dtype, swarm=swarm, session_kwargs=session_kwargs)
+
+    @classmethod
+    def local_parts(cls, model_path: str | Path, dtype: torch.dtype = torch.float32, *,
+                    swarm: SwarmClient | None = None, session_kwargs: dict | None = None
+                    ) -> "DistributedModelForCausalLM":
+        """The client's part of the model (embeddings, final norm, head), read from ``model_path``.
+
+        Without ``swarm`` it cannot run its blocks; :meth:`embed` and :meth:`logits` work.
+
+        Raises
+        ------
+        ValueError
+            The architecture is not supported on the swarm.
+        """
+        config = load_config(model_path)
         model = cls(config, swarm, session_kwargs=session_kwargs)
         names = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
         weights = read_weights(model_path, names)
@@ -123,6 +150,20 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The first block's input for ``input_ids`` (Gemma's embedding scale applied)."""
+        x = self.model.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits from the last block's output: final norm, head, and the logit softcapping if any."""
+        logits = self.lm_head(self.model.norm(hidden))
+        if self.logit_softcap is not None:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits
 
     def inference_session(self, max_length: int, batch_size: int | None = None, **kwargs) -> InferenceSession:
         """Open a session through the swarm (usable as a context manager).
@@ -146,29 +187,28 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
             self.swarm.shutdown()
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.LongTensor | None = None, past_key_values: RemoteCache | None = None,
+                position_ids: torch.LongTensor | None = None, past_key_values: SwarmSessionCache | None = None,
                 inputs_embeds: torch.Tensor | None = None, logits_to_keep: int = 0, **kwargs
                 ) -> CausalLMOutputWithPast:
         """Logits of the new tokens; the blocks run in the session of ``past_key_values``.
 
-        Without a :class:`RemoteCache`, a session is opened for this call only.
+        Without a :class:`SwarmSessionCache`, a session is opened for this call only.
         """
         if inputs_embeds is None:
-            inputs_embeds = self.model.embed_tokens(input_ids)
+            inputs_embeds = self.embed(input_ids)
         rows, n = inputs_embeds.shape[:2]
-        if not isinstance(past_key_values, RemoteCache):
+        if not isinstance(past_key_values, SwarmSessionCache):
             with self.inference_session(max_length=n, batch_size=rows) as session:
                 return self.forward(attention_mask=attention_mask, position_ids=position_ids,
-                                    past_key_values=RemoteCache(session), inputs_embeds=inputs_embeds,
+                                    past_key_values=SwarmSessionCache(session), inputs_embeds=inputs_embeds,
                                     logits_to_keep=logits_to_keep)
         # An all-ones mask is the default: only padding (holes) needs to travel.
         if attention_mask is None or bool(attention_mask.all()):
             attention_mask = position_ids = None
         hidden = past_key_values.session.step(inputs_embeds, past_key_values.pop_hypo_ids(),
                                               attention_mask=attention_mask, position_ids=position_ids)
-        hidden = self.model.norm(hidden)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(hidden[:, keep])
+        logits = self.logits(hidden[:, keep])
         return CausalLMOutputWithPast(logits=logits, past_key_values=past_key_values)
 
     @torch.no_grad()
@@ -228,7 +268,7 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         kwargs.setdefault("pad_token_id", self.generation_config.pad_token_id
                           if self.generation_config.pad_token_id is not None else self.generation_config.eos_token_id)
 
-        cache = RemoteCache(session)
+        cache = SwarmSessionCache(session)
         try:
             result = super().generate(inputs, *args, attention_mask=attention_mask, past_key_values=cache, **kwargs)
         except BaseException:
@@ -247,10 +287,3 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         result.sequences = new
         return result
 
-
-def _norm_class(config) -> type:
-    import importlib
-
-    module = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
-    prefix = (config.architectures or ["LlamaForCausalLM"])[0].removesuffix("ForCausalLM")
-    return getattr(module, f"{prefix}RMSNorm")

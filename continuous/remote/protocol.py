@@ -98,8 +98,14 @@ class ProtocolError(RemoteError):
     retryable = False
 
 
+class ServerFaultError(RemoteError):
+    """A server sent a malformed or oversized reply: the client stops trusting it for the session."""
+
+    code = "server_fault"
+
+
 _ERRORS = {cls.code: cls for cls in (RemoteError, BadRequestError, MaxLengthError, AllocationError,
-                                     SessionTimeoutError, ServerShutdownError, ProtocolError)}
+                                     SessionTimeoutError, ServerShutdownError, ProtocolError, ServerFaultError)}
 
 
 def error_metadata(error: BaseException) -> dict:

@@ -57,12 +57,16 @@ class Server:
         Dtype of weights, compute and cache.
     update_period
         Seconds between two announcements in the DHT.
+    open_timeout
+        Seconds a new stream has to open its session.
+    max_streams_per_peer
+        Streams one peer may hold at once.
     """
 
     def __init__(self, model_path: str | Path, start: int, end: int, *, initial_peers: list[str] = (),
                  host: str = "127.0.0.1", port: int = 0, cache_bytes: int = 2**30, max_length: int = 2048,
                  session_timeout: float = 300.0, dht_prefix: str | None = None, dtype: str = "float32",
-                 update_period: float = 10.0):
+                 update_period: float = 10.0, open_timeout: float = 5.0, max_streams_per_peer: int = 64):
         self.blocks = Blocks(model_path, start, end, _DTYPES[dtype])
         self.max_length = min(max_length, self.blocks.max_position)
         self.budget = MemoryBudget(cache_bytes)
@@ -71,7 +75,8 @@ class Server:
         self.dht_prefix = dht_prefix or default_dht_prefix(model_path)
         self.update_period = update_period
         self.handler = InferenceHandler(self.blocks, self.budget, self.max_length, session_timeout,
-                                        on_change=self._changed)
+                                        on_change=self._changed, open_timeout=open_timeout,
+                                        max_streams_per_peer=max_streams_per_peer)
         self.p2p: P2P | None = None
         self.dht: DHTNode | None = None
         self._changed_event: asyncio.Event | None = None
@@ -87,6 +92,8 @@ class Server:
             "state": state, "start": self.blocks.start, "end": self.blocks.end,
             "free_bytes": self.budget.free_bytes, "max_length": self.max_length,
             "token_bytes": self.blocks.cache_nbytes(1, 1, 1),  # per block, row and token
+            # Forwards run and the steps they served: how much concurrent sessions are batched.
+            "forwards": self.handler.batcher.batches, "steps": self.handler.batcher.steps,
         }
 
     async def start(self) -> list[str]:
@@ -106,7 +113,7 @@ class Server:
         # The first forward of a process is slow (allocator, thread pool): pay it before
         # announcing, not in the first session, which may be a failover waiting for us.
         b = self.blocks
-        cache = b.new_cache(b.start, b.end, 1, 4)
+        cache = b.new_cache(b.start, b.end, 4, MemoryBudget(2**40))
         b.step(cache, b.start, b.end, torch.zeros(1, 2, b.hidden_size), 0, None, None, None)
         b.step(cache, b.start, b.end, torch.zeros(1, 1, b.hidden_size), 2, None, None, None)
 
@@ -165,6 +172,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dht-prefix", default=None, help="name to announce the blocks under")
     parser.add_argument("--dtype", default="float32", choices=sorted(_DTYPES))
     parser.add_argument("--update-period", type=float, default=10.0, help="seconds between DHT announcements")
+    parser.add_argument("--open-timeout", type=float, default=5.0, help="seconds a new stream has to open a session")
+    parser.add_argument("--max-streams-per-peer", type=int, default=64, help="streams one peer may hold at once")
     args = parser.parse_args(argv)
     try:
         args.start, args.end = (int(x) for x in args.blocks.split(":"))
@@ -177,7 +186,8 @@ async def _serve(args: argparse.Namespace) -> None:
     server = Server(args.model, args.start, args.end, initial_peers=args.initial_peers or [], host=args.host,
                     port=args.port, cache_bytes=args.cache_bytes, max_length=args.max_length,
                     session_timeout=args.session_timeout, dht_prefix=args.dht_prefix, dtype=args.dtype,
-                    update_period=args.update_period)
+                    update_period=args.update_period, open_timeout=args.open_timeout,
+                    max_streams_per_peer=args.max_streams_per_peer)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

@@ -7,7 +7,8 @@ import torch
 from hivemind.p2p import PeerID
 from hivemind.proto import runtime_pb2
 
-from continuous.remote.backend import Blocks, read_weights
+from continuous.remote.backend import Blocks
+from continuous.remote.checkpoint import read_weights
 from continuous.remote.protocol import (
     MAX_FRAME_BYTES, BadRequestError, ProtocolError, deserialize, pack, read_message, serialize, write_message,
 )

@@ -1,0 +1,134 @@
+"""Architectures on the swarm, without a network: the blocks of a server and the client's
+local parts together give the logits of the transformers model; others are refused."""
+
+import pytest
+import torch
+
+from continuous.remote.backend import Blocks
+from continuous.remote.hf import DistributedModelForCausalLM
+from continuous.remote.memory import MemoryBudget
+from continuous.testing import build_arch
+
+pytestmark = pytest.mark.timeout(120)
+
+SUPPORTED = ["llama", "qwen2", "mistral", "gemma2"]
+TEXT = ("The quick brown fox jumps over the lazy dog, then runs far away into the green hills at dawn, "
+        "where seven old farmers count their sheep and sing songs about rivers, winds and distant towns.")
+
+
+@pytest.fixture(scope="module", params=SUPPORTED)
+def arch(request, tmp_path_factory):
+    model, tok = build_arch(request.param)
+    path = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return request.param, model, tok, path
+
+
+def _swarm_parts(path, n_layers):
+    return DistributedModelForCausalLM.local_parts(path), Blocks(path, 0, n_layers)
+
+
+@torch.inference_mode()
+def test_prefill_and_decode_equal_transformers(arch):
+    name, model, tok, path = arch
+    ids = tok(TEXT, return_tensors="pt").input_ids[:, :30]
+    assert ids.shape[1] > 2 * (getattr(model.config, "sliding_window", None) or 0)  # past the window
+    expected = model(ids).logits
+    client, blocks = _swarm_parts(path, model.config.num_hidden_layers)
+    cache = blocks.new_cache(0, blocks.end, 64, MemoryBudget(2**30))
+    outs = [blocks.step(cache, 0, blocks.end, client.embed(ids[:, :10]), 0, None, None, None)]
+    for i in range(10, ids.shape[1]):  # decode one token at a time, past the window
+        outs.append(blocks.step(cache, 0, blocks.end, client.embed(ids[:, i:i + 1]), i, None, None, None))
+    logits = client.logits(torch.cat(outs, 1))
+    assert torch.allclose(logits, expected, atol=1e-4), (name, (logits - expected).abs().max())
+
+
+@torch.inference_mode()
+def test_holes_count_real_tokens_in_the_window(arch):
+    """A row with masked slots in the middle equals the same row without them: the sliding
+    window counts positions (real tokens), not slots."""
+    name, model, tok, path = arch
+    ids = tok(TEXT, return_tensors="pt").input_ids[:, :24]
+    expected = model(ids).logits
+    holes = 5
+    junk = torch.full((1, holes), 7)
+    padded = torch.cat([ids[:, :8], junk, ids[:, 8:]], 1)
+    mask = torch.ones_like(padded)
+    mask[:, 8:8 + holes] = 0
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    client, blocks = _swarm_parts(path, model.config.num_hidden_layers)
+    cache = blocks.new_cache(0, blocks.end, 64, MemoryBudget(2**30))
+    split = 16  # prefill past the holes, then decode: both paths build the mask
+    out = [blocks.step(cache, 0, blocks.end, client.embed(padded[:, :split]), 0, None, mask[:, :split],
+                       positions[:, :split])]
+    for i in range(split, padded.shape[1]):
+        out.append(blocks.step(cache, 0, blocks.end, client.embed(padded[:, i:i + 1]), i, None, mask[:, :i + 1],
+                               positions[:, i:i + 1]))
+    logits = client.logits(torch.cat(out, 1))
+    real = mask[0].bool()
+    assert torch.allclose(logits[:, real], expected, atol=1e-4), (name, (logits[:, real] - expected).abs().max())
+
+
+@pytest.mark.parametrize("name", ["phi3", "gpt2"])
+def test_other_architectures_are_refused(name, tmp_path):
+    model, tok = build_arch(name)
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=f"{name}.*not supported on the swarm.*supported: gemma2, llama"):
+        Blocks(tmp_path, 0, 1)
+    with pytest.raises(ValueError, match="not supported on the swarm"):
+        DistributedModelForCausalLM.local_parts(tmp_path)
+
+
+@torch.inference_mode()
+def test_a_batch_of_sessions_equals_each_alone(arch):
+    """Sessions of different lengths, rows and masks stepped as one forward give what each
+    gives alone (allclose: the matrix products differ in shape only)."""
+    from continuous.remote.backend import Step
+
+    name, model, tok, path = arch
+    _, blocks = _swarm_parts(path, model.config.num_hidden_layers)
+    torch.manual_seed(0)
+    hidden = blocks.hidden_size
+    prompts = [torch.randn(1, 5, hidden), torch.randn(2, 17, hidden), torch.randn(1, 9, hidden)]
+    masks = [None, None, torch.tensor([[1, 1, 0, 0, 1, 1, 1, 1, 1, 1]])]
+    new = [torch.randn(p.shape[0], 1, hidden) for p in prompts]
+
+    def prefilled():
+        caches = []
+        for p, m in zip(prompts, masks):
+            cache = blocks.new_cache(0, blocks.end, 64, MemoryBudget(2**30))
+            blocks.step(cache, 0, blocks.end, p, 0, None, None if m is None else m[:, :-1], None)
+            caches.append(cache)
+        return caches
+
+    alone = [blocks.step(c, 0, blocks.end, x, p.shape[1], None, m, None)
+             for c, x, p, m in zip(prefilled(), new, prompts, masks)]
+    batched = blocks.step_batch(0, blocks.end, [Step(c, x, p.shape[1], None, m)
+                                                for c, x, p, m in zip(prefilled(), new, prompts, masks)])
+    for a, b in zip(alone, batched):
+        assert torch.allclose(a, b, atol=1e-5), (name, (a - b).abs().max())
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", ["mistral", "gemma2"])
+def test_sliding_window_models_through_servers_equal_transformers(name, tmp_path):
+    """Two servers on 127.0.0.1 (two spans), greedy decoding well past the window: the
+    tokens of transformers' generate on the same model."""
+    from continuous.remote.launch import Swarm
+
+    model, tok = build_arch(name)
+    model.save_pretrained(tmp_path / name)
+    tok.save_pretrained(tmp_path / name)
+    ids = tok(TEXT, return_tensors="pt").input_ids[:, :16]
+    expected = model.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    half = model.config.num_hidden_layers // 2
+    with Swarm(tmp_path / name, tmp_path, cache_bytes=2**26, max_length=256) as swarm:
+        swarm.start(f"0:{half}", f"{half}:{model.config.num_hidden_layers}")
+        remote = DistributedModelForCausalLM.from_pretrained(tmp_path / name, initial_peers=swarm.maddrs,
+                                                             step_timeout=30.0)
+        try:
+            out = remote.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+        finally:
+            remote.shutdown()
+    assert torch.equal(out, expected)
