@@ -170,7 +170,7 @@ def _serve(conn) -> None:
             text = json.dumps(test["data"], separators=(",", ":"), ensure_ascii=False)
             try:
                 ok = _feed(constraint, text, mask_us)
-            except ValueError:
+            except (ValueError, RuntimeError):  # a refused token, or the engine hit a limit
                 ok = False
             kind = "valid" if test["valid"] else "invalid"
             counts[f"{kind}_total"] += 1
@@ -222,7 +222,13 @@ def run_all(cases, engines, jobs: int, timeout_s: float, progress: bool = True) 
             ready = connection.wait([w.conn for w in busy], timeout=wait)
             for w in busy:
                 if w.conn in ready:
-                    msg = w.conn.recv()
+                    try:
+                        msg = w.conn.recv()
+                    except EOFError:  # the worker died (a crash in native code)
+                        finish(w, compiled=False, compile_ms=w.task[2] or 0.0, error="worker died")
+                        w.kill()
+                        workers[workers.index(w)] = _Worker(ctx)
+                        continue
                     if msg[0] == "compiled":
                         _, ok, ms, err = msg
                         if ok:
