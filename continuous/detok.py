@@ -173,15 +173,19 @@ class Detokenizer:
 
 
 def dangling(tokenizer, context: Sequence[int]) -> int:
-    """How many last tokens of ``context`` end inside a character (their text is not out yet).
+    """How many last tokens of ``context`` are held back (their text is not out yet).
 
-    A call that stopped there flushed them as replacement characters; the next call
-    decodes them again with the tokens that complete the character.
+    A call that stopped there flushed them (as replacement characters where a character
+    was incomplete); the next call decodes them again with the tokens that follow.
     """
-    ids = [int(i) for i in list(context)[-2 * _CONTEXT:]]
-    split = max(0, len(ids) - _CONTEXT)
-    detok = Detokenizer(tokenizer, ids[:split])
+    ids = [int(i) for i in context]
+    tail = ids[-_DANGLING:]
+    detok = Detokenizer(tokenizer, ids[-_DANGLING - _CONTEXT:-_DANGLING] if len(ids) > _DANGLING else [])
     held = 0
-    for t in ids[split:]:
+    for t in tail:
         held = 0 if detok.step(t) is not None else held + 1
     return held
+
+
+#: The longest run of held-back tokens looked for (a byte-fallback run is a few tokens per character).
+_DANGLING = 64
