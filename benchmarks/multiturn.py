@@ -4,7 +4,7 @@
 
 A long system prompt, then turns that each append a user message and generate a JSON
 answer under the same schema and max tokens. "ideal" is a hand-written loop of HF
-forward calls on one DynamicCache, masking with the same outlines_core index: the
+forward calls on one DynamicCache, masking with the same constraint: the
 least work the task needs. Competitors run interleaved in one process.
 """
 
@@ -13,14 +13,11 @@ from __future__ import annotations
 import time
 
 import torch
-from outlines_core import Guide
-from outlines_core.kernels.torch import fill_next_token_bitmask
 from pydantic import BaseModel
 from transformers import DynamicCache
 
 from common import setup, count_positions, emit, median, random_text, timed
 from continuous import continuous, generate
-from continuous.guides import build_index
 
 
 class Answer(BaseModel):
@@ -29,10 +26,9 @@ class Answer(BaseModel):
     count: int
 
 
-def bool_mask(guide, bitmask, vocab):
-    fill_next_token_bitmask(guide, bitmask)
-    words = bitmask.to(torch.int64) & 0xFFFFFFFF
-    bits = (words.unsqueeze(-1) >> torch.arange(32)) & 1
+def bool_mask(matcher, bitmask, vocab):
+    matcher.fill(bitmask)
+    bits = (bitmask.to(torch.int64).unsqueeze(-1) >> torch.arange(32)) & 1
     return bits.view(-1)[:vocab].bool()
 
 
@@ -46,25 +42,28 @@ def run_turns(step, system, messages):
     return seconds
 
 
-def ideal_turns(hf, tok, index, system, messages, max_tokens):
-    """One DynamicCache; each turn forwards its message (and the previous answer's last token)."""
+def ideal_turns(hf, tok, constraint, system, messages, max_tokens):
+    """One DynamicCache; each turn forwards its message (and the previous answer's last token).
+
+    Masks come from the same constraint (engine) as continuous's, so both choose the same tokens.
+    """
     vocab = hf.config.vocab_size
-    bitmask = torch.zeros(1, (vocab + 31) // 32, dtype=torch.int32)
+    bitmask = torch.zeros((vocab + 31) // 32, dtype=torch.int32)
     cache = DynamicCache(config=hf.config)
 
     def step(pending, msg):
         pending = pending + tok(msg, add_special_tokens=False).input_ids
-        guide = Guide(index)
+        matcher = constraint.matcher()
         with torch.no_grad():
             for _ in range(max_tokens):
                 out = hf(torch.tensor([pending]), past_key_values=cache, use_cache=True, logits_to_keep=1)
-                logits = out.logits[0, -1].masked_fill(~bool_mask(guide, bitmask, vocab), -torch.inf)
+                logits = out.logits[0, -1].masked_fill(~bool_mask(matcher, bitmask, vocab), -torch.inf)
                 token = int(logits.argmax())
                 if token == tok.eos_token_id:
                     return []
-                guide.advance(token, return_tokens=False)
+                matcher.advance(token)
                 pending = [token]
-                if guide.is_finished() and guide.get_tokens() == [tok.eos_token_id]:
+                if matcher.done():
                     break
         return pending
 
@@ -81,13 +80,15 @@ def competitors(hf, tok, model, quick: bool):
     system_tokens, turns, msg_tokens, max_tokens = (256, 3, 32, 8) if quick else (1024, 8, 64, 16)
     system = random_text(tok, system_tokens, seed=1)
     messages = [f"\nUser: {random_text(tok, msg_tokens - 6, seed=10 + i)}\nAssistant:" for i in range(turns)]
-    gen = continuous(generate.json(model, Answer))
-    index = build_index(gen.generator.regex, tok)
+    # Token by token, as the ideal loop: the comparison is about reusing the cache
+    # (benchmarks/fastforward.py measures forced tokens forwarded together).
+    gen = continuous(generate.json(model, Answer), fast_forward=False)
+    constraint = gen.generator.constraint
     o_gen = outlines.Generator(outlines.from_transformers(hf, tok), Answer)
     o_gen("warm up", max_new_tokens=2)  # outlines' mask kernel compiles on its first call
     return {
         "continuous": lambda: run_turns(lambda h, m: gen(h + m, max_tokens=max_tokens), system, messages),
-        "ideal": lambda: ideal_turns(hf, tok, index, system, messages, max_tokens),
+        "ideal": lambda: ideal_turns(hf, tok, constraint, system, messages, max_tokens),
         "outlines": lambda: run_turns(lambda h, m: h + m + o_gen(h + m, max_new_tokens=max_tokens), system, messages),
     }, turns
 
