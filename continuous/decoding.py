@@ -282,8 +282,11 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
         if all(row.finished for row in state):
             logits_ok = [ok and not c for ok, c in zip(logits_ok, chunks)]
             break
-        new_logits, cache = model.forward(torch.tensor(new_ids, device=device), None if all_real else mask, cache,
-                                          logits_to_keep=1, n_real=sum(map(len, chunks)), holes=holes)
+        if not width:  # every row went back to the start of the call: its logits are kept
+            continue
+        new_logits, cache = model.forward(torch.tensor(new_ids, dtype=torch.long, device=device),
+                                          None if all_real else mask, cache, logits_to_keep=1,
+                                          n_real=sum(map(len, chunks)), holes=holes)
         logits = torch.where(real_dev[:, -1:], new_logits[:, -1], logits)
 
     for row in state:
