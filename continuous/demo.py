@@ -176,6 +176,21 @@ def beam_search(model) -> None:
           f"the best beam {float(beams.weights[0, 0]):.2f}")
 
 
+def banned_phrases(model) -> None:
+    from continuous import continuous, generate
+
+    section("6. Banned phrases: rewinds inside a call")
+    prompt = "User: Tell me about Omar.\nAssistant:"
+    free = continuous(generate.text(model))(prompt, stop_at="\n", max_tokens=30)
+    banned = [w.strip(".,") for w in free.value.split() if len(w) > 3][:2]
+    before = model.stats.snapshot()
+    state = continuous(generate.text(model, ban=banned))(prompt, stop_at="\n", max_tokens=30)
+    after = model.stats.snapshot()
+    print(f"free   : {free.value!r}\nban    : {banned}\nbanned : {state.value!r}")
+    print(f"forwarded {after['tokens_forwarded'] - before['tokens_forwarded']} tokens; rewinds took back "
+          f"{after['tokens_rewound'] - before['tokens_rewound']}: the kept text was never forwarded again")
+
+
 def swarm(args) -> int:
     """The same conversation over a two-server swarm that the demo starts and stops."""
     import tempfile
@@ -240,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     slicing(model, state)
     forking(model)
     beam_search(model)
+    banned_phrases(model)
     stats = model.stats
     print(f"\nDone in {time.perf_counter() - start:.1f}s: {stats.tokens_forwarded} tokens forwarded "
           f"in {stats.forward_calls} forward calls.")

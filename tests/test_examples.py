@@ -82,3 +82,12 @@ def test_swarm_conversation_matches_local_and_survives_a_crash():
     spent = re.search(r"tokens forwarded per turn: swarm (\[.*\]), local (\[.*\])", out)
     assert spent and spent.group(1) == spent.group(2)
     assert "killed the server" in out
+
+
+def test_banned_phrases_never_appear_and_rewinds_are_counted():
+    out = run("banned_phrases.py")
+    banned = eval(re.search(r"banned        : (\[.*\])", out).group(1))  # the example prints a list literal
+    streamed = re.search(r"streamed      : (.*)", out).group(1)
+    assert banned and not any(b.lower() in streamed.lower() for b in banned)
+    assert "banned text in the answer: none" in out
+    assert int(re.search(r"(\d+) of them taken back", out).group(1)) >= 1
