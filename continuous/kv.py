@@ -228,19 +228,11 @@ class ForwardCache(Cache):
         return KVCache(self._buffer, self.end)
 
 
-class _StaticLayer(CacheLayerMixin):
+class _StaticLayer(_Layer):
     """A layer of :class:`StaticStepCache`: writes one slot at a tensor index, returns the whole capacity."""
 
     is_compileable = True
     is_croppable = False
-
-    def __init__(self, owner: "StaticStepCache", index: int, sliding: bool):
-        super().__init__()
-        self.owner, self.index, self.is_sliding = owner, index, sliding
-        self.is_initialized = True
-
-    def lazy_initialization(self, key_states, value_states) -> None:  # the buffer exists already
-        pass
 
     def update(self, key_states, value_states, *args, **kwargs):
         keys, values = self.owner.keys[self.index], self.owner.values[self.index]

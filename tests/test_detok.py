@@ -133,7 +133,6 @@ def _byte_heavy_ids(tok, data):
 def test_pieces_concatenate_to_the_decode(tok, data):
     context = tok.encode(data.draw(st.sampled_from(TEXTS)), add_special_tokens=False)
     ids = _byte_heavy_ids(tok, data)
-    detok = Detokenizer(tok, context)
     assert _pieces(tok, context, ids, []) == _decode(tok, context + ids)[len(_decode(tok, context)):]
 
 

@@ -251,30 +251,35 @@ def json(model, schema, sampler=None, whitespace_pattern=None, *, engine=None, b
     return make(model, sampler, pattern, parse, kind="json", engine="outlines_core", ban=ban, ban_case=ban_case)
 
 
-def _dated(node):
+def _rewritten(node, rewrite):
+    """The schema with ``rewrite`` applied to every object node, innermost first."""
+    if isinstance(node, list):
+        return [_rewritten(n, rewrite) for n in node]
+    if not isinstance(node, dict):
+        return node
+    return rewrite({k: _rewritten(v, rewrite) for k, v in node.items()})
+
+
+def _dated(schema):
     """The schema with ``date`` and ``date-time`` strings held to real calendar dates by a pattern."""
-    if isinstance(node, list):
-        return [_dated(n) for n in node]
-    if not isinstance(node, dict):
+    def rewrite(node):
+        kind = node.get("format")
+        if node.get("type") == "string" and kind in ("date", "date-time") and "pattern" not in node:
+            node = {k: v for k, v in node.items() if k != "format"}
+            node["pattern"] = "^" + (DATE if kind == "date" else DATE_TIME) + "$"
         return node
-    node = {k: _dated(v) for k, v in node.items()}
-    kind = node.get("format")
-    if node.get("type") == "string" and kind in ("date", "date-time") and "pattern" not in node:
-        node = {k: v for k, v in node.items() if k != "format"}
-        node["pattern"] = "^" + (DATE if kind == "date" else DATE_TIME) + "$"
-    return node
+
+    return _rewritten(schema, rewrite)
 
 
-def _closed(node):
+def _closed(schema):
     """The schema with ``additionalProperties: false`` on every object that does not say."""
-    if isinstance(node, list):
-        return [_closed(n) for n in node]
-    if not isinstance(node, dict):
+    def rewrite(node):
+        if "properties" in node and "additionalProperties" not in node:
+            node["additionalProperties"] = False
         return node
-    node = {k: _closed(v) for k, v in node.items()}
-    if "properties" in node and "additionalProperties" not in node:
-        node["additionalProperties"] = False
-    return node
+
+    return _rewritten(schema, rewrite)
 
 
 class _Validated:

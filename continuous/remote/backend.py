@@ -133,7 +133,7 @@ class Blocks(nn.Module):
         n = steps[0].hidden.shape[1]
         if any(s.hidden.shape[1] != n for s in steps):
             raise ValueError("the steps of a batch must all have the same number of new tokens")
-        positions, masks = [], {w: [] for w in set(self.windows[start:end])}
+        masks = {w: [] for w in set(self.windows[start:end])}
         for s in steps:
             rows = s.hidden.shape[0]
             s.cache.prepare(s.start_position, rows, n, s.hypo_ids)

@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from continuous.remote import AllocationError, BadRequestError, MaxLengthError, RemoteError, SessionTimeoutError
+from continuous.remote import AllocationError, BadRequestError, MaxLengthError, SessionTimeoutError
 from continuous.remote.client import ServerSession
 from continuous.remote.routing import Hop
 
