@@ -176,21 +176,16 @@ def regex(pattern: str, tokenizer) -> OutlinesCoreConstraint:
 def json_schema(schema, tokenizer, whitespace_pattern: str | None = None) -> OutlinesCoreConstraint:
     """A JSON document valid against a schema, through outlines_core's schema-to-regex compiler.
 
-    Integer bounds become part of the regex (as :func:`continuous.generate.json` does).
-    Keywords the compiler does not know (``not``, number bounds) are not enforced.
+    Integer bounds and calendar dates are exact in the regex
+    (:func:`continuous.generate.json.schema_regex`); keywords the compiler does not know
+    (``not``, number bounds) are not enforced: ``generate.json`` checks them on ``.value``.
 
     Raises
     ------
     ValueError
         When the compiler refuses the schema or the regex cannot be indexed.
     """
-    from outlines_core.json_schema import build_regex_from_schema
+    from ..generate.json import schema_regex
 
-    from ..generate.json import _bound_integers
-
-    text = schema_text(schema)
-    try:
-        pattern = build_regex_from_schema(json.dumps(_bound_integers(json.loads(text))), whitespace_pattern)
-    except Exception as exc:  # the compiler raises plain ValueError/TypeError with its reason
-        raise ValueError(f"outlines_core refuses this JSON schema: {exc}") from exc
+    pattern = schema_regex(json.loads(schema_text(schema)), whitespace_pattern)
     return regex(pattern, tokenizer)

@@ -242,13 +242,28 @@ def json(model, schema, sampler=None, whitespace_pattern=None, *, engine=None, b
         constraint = json_schema(_dated(document), model.tokenizer, whitespace_pattern)
         return make(model, sampler, None, parse, kind="json", engine="llguidance", constraint=constraint,
                     ban=ban, ban_case=ban_case)
+    from ..engines.outlines_core import json_schema
+
+    constraint = json_schema(document, model.tokenizer, whitespace_pattern)
+    return make(model, sampler, constraint.pattern, parse, kind="json", engine="outlines_core",
+                constraint=constraint, ban=ban, ban_case=ban_case)
+
+
+def schema_regex(document, whitespace_pattern: str | None = None) -> str:
+    """outlines_core's regex of a JSON schema, with exact integer bounds and calendar dates.
+
+    Raises
+    ------
+    ValueError
+        When the compiler refuses the schema, with its reason.
+    """
+    text = _json.dumps(document)
     try:
-        exact = _Exact(schema_str)
+        exact = _Exact(text)
         pattern = build_regex_from_schema(_json.dumps(exact.rewrite(document)), whitespace_pattern)
-        pattern = exact.substitute(pattern)
-    except Exception as exc:
+    except Exception as exc:  # the compiler raises plain ValueError/TypeError with its reason
         raise ValueError(f"cannot build a constraint from this JSON schema: {exc}") from exc
-    return make(model, sampler, pattern, parse, kind="json", engine="outlines_core", ban=ban, ban_case=ban_case)
+    return exact.substitute(pattern)
 
 
 def _rewritten(node, rewrite):
