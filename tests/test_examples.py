@@ -91,3 +91,12 @@ def test_banned_phrases_never_appear_and_rewinds_are_counted():
     assert banned and not any(b.lower() in streamed.lower() for b in banned)
     assert "banned text in the answer: none" in out
     assert int(re.search(r"(\d+) of them taken back", out).group(1)) >= 1
+
+
+def test_grammar_outputs_parse():
+    out = run("grammar.py")
+    sql = re.compile(r"SELECT (\*|[a-z]{1,8}(, [a-z]{1,8})*) FROM [a-z]{1,8}"
+                     r"( WHERE [a-z]{1,8} [=<>] ([0-9]{1,4}|'[a-z]{1,6}'))?;")
+    queries = re.findall(r"sql(?: again)?\s*: '(.*?)'", out)
+    assert len(queries) == 2 and all(sql.fullmatch(q) for q in queries)
+    assert re.search(r"arithmetic : '[0-9()+\-*/]+;'", out)

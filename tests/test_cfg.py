@@ -1,0 +1,124 @@
+"""generate.cfg: outputs of arithmetic, SQL-subset and JSON-like grammars parse (checked by other parsers)."""
+
+import json
+import re
+
+import pytest
+
+from continuous import continuous, generate, samplers
+
+ARITHMETIC = r"""
+start: expr ";"
+expr: term (("+" | "-") term)*
+term: factor (("*" | "/") factor)*
+factor: NUMBER | "(" expr ")"
+NUMBER: /[0-9]{1,3}/
+"""
+
+SQL = r"""
+start: "SELECT " columns " FROM " NAME where? ";"
+columns: "*" | NAME (", " NAME)*
+where: " WHERE " NAME OP VALUE
+OP: " = " | " < " | " > "
+VALUE: /[0-9]{1,4}/ | /'[a-z]{1,6}'/
+NAME: /[a-z]{1,8}/
+"""
+
+JSON_LIKE = r"""
+start: value
+value: object | array | STRING | NUMBER | "true" | "false" | "null"
+object: "{" (pair ("," pair)*)? "}"
+pair: STRING ":" value
+array: "[" (value ("," value)*)? "]"
+STRING: /"[a-z]{1,5}"/
+NUMBER: /-?[0-9]{1,3}/
+"""
+
+
+def arithmetic(text: str) -> bool:
+    """A recursive-descent parser of ARITHMETIC's language."""
+    pos = 0
+
+    def factor():
+        nonlocal pos
+        if text.startswith("(", pos):
+            pos += 1
+            if not expr() or not text.startswith(")", pos):
+                return False
+            pos += 1
+            return True
+        m = re.compile(r"[0-9]{1,3}").match(text, pos)
+        if not m:
+            return False
+        pos = m.end()
+        return True
+
+    def chain(item, ops):
+        nonlocal pos
+        if not item():
+            return False
+        while pos < len(text) and text[pos] in ops:
+            pos += 1
+            if not item():
+                return False
+        return True
+
+    def term():
+        return chain(factor, "*/")
+
+    def expr():
+        return chain(term, "+-")
+
+    return expr() and text[pos:] == ";"
+
+
+SQL_RE = re.compile(r"SELECT (\*|[a-z]{1,8}(, [a-z]{1,8})*) FROM [a-z]{1,8}( WHERE [a-z]{1,8} [=<>] ([0-9]{1,4}|'[a-z]{1,6}'))?;")
+
+
+def json_like(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("grammar, check", [(ARITHMETIC, arithmetic), (SQL, SQL_RE.fullmatch), (JSON_LIKE, json_like)],
+                         ids=["arithmetic", "sql", "json-like"])
+def test_grammar_outputs_parse(model, grammar, check):
+    gen = continuous(generate.cfg(model, grammar, samplers.multinomial(6)))
+    state = gen("Write one:\n", max_tokens=60, seed=4)
+    complete = 0
+    for s in range(6):
+        row = state[s, :]
+        try:
+            value = row.value
+        except ValueError:  # cut short by max_tokens: its text is a prefix of the language
+            continue
+        complete += 1
+        assert check(value), value
+        assert str(row).endswith(value)
+    assert complete >= 1
+
+
+def test_a_grammar_continues_a_state_and_keeps_the_cache(model):
+    sql = continuous(generate.cfg(model, SQL))
+    first = sql("Query:\n", max_tokens=60)
+    before = model.stats.tokens_forwarded
+    again = sql(first + "\nAnother query:\n", max_tokens=60)
+    new_prompt = len(model.tokenizer("\nAnother query:\n", add_special_tokens=False).input_ids)
+    generated = int(again.attention_mask.sum()) - int(first.attention_mask.sum()) - new_prompt
+    # Only the added text and the new tokens (the last one is never forwarded), a boundary token at most.
+    assert model.stats.tokens_forwarded - before <= new_prompt + generated + 1
+    try:
+        value = again.value
+    except ValueError:  # cut short by max_tokens
+        return
+    assert SQL_RE.fullmatch(value)
+
+
+def test_bad_grammars_fail_when_built(model):
+    with pytest.raises(ValueError, match="llguidance refuses"):
+        generate.cfg(model, "start: ( \n")
+    with pytest.raises(TypeError):
+        generate.cfg(model, 42)
