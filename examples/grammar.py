@@ -14,17 +14,18 @@ import torch
 from continuous import continuous, generate, models
 from continuous.assets import DEMO_MODEL
 
+# Bounded on purpose: a toy model that never picks ";" would otherwise go on until max_tokens.
 ARITHMETIC = r"""
 start: expr ";"
-expr: term (("+" | "-") term)*
-term: factor (("*" | "/") factor)*
-factor: NUMBER | "(" expr ")"
+expr: term (("+" | "-") term)?
+term: factor (("*" | "/") factor)?
+factor: NUMBER | "(" NUMBER ("+" | "-") NUMBER ")"
 NUMBER: /[0-9]{1,3}/
 """
 
 SQL = r"""
 start: "SELECT " columns " FROM " NAME where? ";"
-columns: "*" | NAME (", " NAME)*
+columns: "*" | NAME (", " NAME)? (", " NAME)?
 where: " WHERE " NAME OP VALUE
 OP: " = " | " < " | " > "
 VALUE: /[0-9]{1,4}/ | /'[a-z]{1,6}'/
@@ -41,12 +42,12 @@ def main() -> None:
     arithmetic = continuous(generate.cfg(model, ARITHMETIC))
     sql = continuous(generate.cfg(model, SQL))
 
-    state = arithmetic("Compute: ", max_tokens=40)
+    state = arithmetic("Compute: ", max_tokens=60)
     print(f"arithmetic : {state.value!r}")
-    state = sql(state + "\nQuery: ", max_tokens=40)
+    state = sql(state + "\nQuery: ", max_tokens=60)
     print(f"sql        : {state.value!r}")
     before = model.stats.tokens_forwarded
-    state = sql(state + "\nAnother query: ", max_tokens=40)
+    state = sql(state + "\nAnother query: ", max_tokens=60)
     print(f"sql again  : {state.value!r} (forwarded {model.stats.tokens_forwarded - before} tokens)")
 
 
