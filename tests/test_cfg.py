@@ -6,6 +6,7 @@ import re
 import pytest
 
 from continuous import continuous, generate, samplers
+from test_engines import arithmetic as expression  # the recursive-descent twin of its ARITH grammar
 
 ARITHMETIC = r"""
 start: expr ";"
@@ -36,40 +37,8 @@ NUMBER: /-?[0-9]{1,3}/
 
 
 def arithmetic(text: str) -> bool:
-    """A recursive-descent parser of ARITHMETIC's language."""
-    pos = 0
-
-    def factor():
-        nonlocal pos
-        if text.startswith("(", pos):
-            pos += 1
-            if not expr() or not text.startswith(")", pos):
-                return False
-            pos += 1
-            return True
-        m = re.compile(r"[0-9]{1,3}").match(text, pos)
-        if not m:
-            return False
-        pos = m.end()
-        return True
-
-    def chain(item, ops):
-        nonlocal pos
-        if not item():
-            return False
-        while pos < len(text) and text[pos] in ops:
-            pos += 1
-            if not item():
-                return False
-        return True
-
-    def term():
-        return chain(factor, "*/")
-
-    def expr():
-        return chain(term, "+-")
-
-    return expr() and text[pos:] == ";"
+    """ARITHMETIC's language: an expression of test_engines' parser, then ";"."""
+    return text.endswith(";") and expression(text[:-1])
 
 
 SQL_RE = re.compile(r"SELECT (\*|[a-z]{1,8}(, [a-z]{1,8})*) FROM [a-z]{1,8}( WHERE [a-z]{1,8} [=<>] ([0-9]{1,4}|'[a-z]{1,6}'))?;")
