@@ -11,11 +11,14 @@ one process and get the same ids, prefill, dtype and max tokens:
   eager and with ``compile=True`` (compiled steps, CUDA graphs on a GPU), against HF ``generate`` with its dynamic cache and with ``cache_implementation="static"``
   (which compiles), and the HBM floor: bytes of the weights a step reads (the input
   embedding excluded unless tied, since the head reads it) / measured copy bandwidth;
-- multiturn: the ``multiturn`` benchmark's workload, against the ideal loop and outlines;
-- constraint: 64 tokens under the ``constraint`` benchmark's schema against free text;
-- long: a 15k-token prompt + 16 tokens: seconds and peak memory above the weights,
-  against HF ``generate``;
-- fork: 8 samples x 32 tokens from a 512-token prompt.
+- multiturn: the ``multiturn`` benchmark's workload, eager and compiled, against the
+  ideal loop and outlines (both eager: neither has a compiled path for it);
+- constraint: 64 tokens under the ``constraint`` benchmark's schema against free text,
+  eager and compiled;
+- long: a 15k-token prompt + 16 tokens: seconds (from text, tokenizing included) and
+  peak memory above the weights, against HF ``generate``; each warmed up once;
+- fork: 8 samples x 32 tokens from a 512-token prompt, against HF ``generate``'s
+  sampling with ``num_return_sequences=8``.
 
 ``--device cpu --quick`` runs a small shape on the CPU so that the script is tested
 where there is no GPU; its figures say nothing about a GPU.
@@ -134,10 +137,10 @@ def main():
                  "hf_dynamic": median(dyn) * 1e3,
                  "hf_static": median(static) * 1e3 if static else None, "floor": floor * 1e3}
 
-    # multiturn, JSON and fork reuse the CPU benchmarks' workloads
-    multiturn_s = multiturn(hf, tok, model, args, device)
-    constraint_ms = constraint(model, tok, args, device)
-    fork_s = fork(model, tok, args, device)
+    # multiturn, JSON and fork reuse the CPU benchmarks' workloads, eager and compiled
+    multiturn_s = multiturn(hf, tok, {"continuous": model, "continuous_compiled": compiled}, args, device)
+    constraint_ms = constraint({"": model, "_compiled": compiled}, tok, args, device)
+    fork_s = fork(hf, model, tok, args, device)
     long = long_prompt(hf, tok, model, long_len, device)
 
     r = lambda x: None if x is None else round(x, 3)  # noqa: E731
@@ -152,30 +155,40 @@ def main():
                   r(decode_ms["continuous_compiled"] / decode_ms["hf_static"]) if static else "-"))
     table.append(("compiled decode vs floor", r(decode_ms["continuous_compiled"]), r(floor * 1e3),
                   r(decode_ms["continuous_compiled"] / decode_ms["floor"])))
-    table.append(("multiturn s vs ideal", r(multiturn_s["continuous"]), r(multiturn_s["ideal"]),
-                  r(multiturn_s["continuous"] / multiturn_s["ideal"])))
-    table.append(("multiturn s vs outlines", r(multiturn_s["continuous"]), r(multiturn_s["outlines"]),
-                  r(multiturn_s["continuous"] / multiturn_s["outlines"])))
-    table.append(("JSON vs free ms/token", r(constraint_ms["json"]), r(constraint_ms["free"]),
-                  r(constraint_ms["json"] / constraint_ms["free"])))
+    for name in ("continuous", "continuous_compiled"):
+        label = "multiturn s" + (" (compiled)" if "compiled" in name else "")
+        table.append((f"{label} vs ideal", r(multiturn_s[name]), r(multiturn_s["ideal"]),
+                      r(multiturn_s[name] / multiturn_s["ideal"])))
+        table.append((f"{label} vs outlines", r(multiturn_s[name]), r(multiturn_s["outlines"]),
+                      r(multiturn_s[name] / multiturn_s["outlines"])))
+    for suffix in ("", "_compiled"):
+        table.append((f"JSON vs free ms/token{suffix.replace('_', ' ')}", r(constraint_ms["json" + suffix]),
+                      r(constraint_ms["free" + suffix]),
+                      r(constraint_ms["json" + suffix] / constraint_ms["free" + suffix])))
     table.append((f"{long_len}-token prompt s", r(long["seconds"]["continuous"]), r(long["seconds"]["hf"]),
                   r(long["seconds"]["continuous"] / long["seconds"]["hf"])))
     if long["peak_mb"]["hf"]:
         table.append(("peak MB above weights", r(long["peak_mb"]["continuous"]), r(long["peak_mb"]["hf"]),
                       r(long["peak_mb"]["continuous"] / long["peak_mb"]["hf"])))
-    table.append(("fork 8 x 32 s", r(fork_s), "", ""))
+    table.append(("fork 8 x 32 s vs HF sampling", r(fork_s["continuous"]), r(fork_s["hf"]),
+                  r(fork_s["continuous"] / fork_s["hf"])))
     result = {"bench": "gpu", "device": device, "quick": args.quick,
               "decode_ms": {k: r(v) for k, v in decode_ms.items()},
               "multiturn_s": {k: r(v) for k, v in multiturn_s.items()},
               "constraint_ms": {k: r(v) for k, v in constraint_ms.items()},
-              "long": long, "fork_s": r(fork_s)}
+              "long": long, "fork_s": {k: r(v) for k, v in fork_s.items()}}
     emit("gpu", table, result, args.save)
 
 
-def multiturn(hf, tok, model, args, device):
+def multiturn(hf, tok, ours, args, device):
+    """Seconds of the multiturn workload: each of ``ours`` (name -> model), the ideal loop and outlines."""
     from multiturn import competitors
 
-    runs, _ = competitors(hf, tok, model, args.quick)
+    runs = {}
+    for name, m in ours.items():
+        theirs, _ = competitors(hf, tok, m, args.quick)
+        runs[name] = theirs.pop("continuous")
+    runs.update(theirs)
     seconds = {name: [] for name in runs}
     for _ in range(args.reps):
         for name, run in runs.items():
@@ -183,44 +196,63 @@ def multiturn(hf, tok, model, args, device):
     return {k: median(v) for k, v in seconds.items()}
 
 
-def constraint(model, tok, args, device):
+def constraint(ours, tok, args, device):
+    """ms per output token of free text and of JSON, for each of ``ours`` (suffix -> model)."""
     from constraint import Item
 
     n = 16 if args.quick else 64
     prompt = random_text(tok, 128, seed=5) + "\nA record as JSON: "
     out = {}
-    for name, g in (("free", generate.text(model)), ("json", generate.json(model, Item))):
-        gen = continuous(g)
-        base = gen(prompt, max_tokens=0)
-        per = []
-        for _ in range(args.reps):
-            state, t = clock(device, lambda: gen(base, max_tokens=n))
-            per.append(t / max(1, len(state.token_ids[0]) - len(base.token_ids[0])))
-        out[name] = median(per) * 1e3
+    for suffix, model in ours.items():
+        for name, g in (("free", generate.text(model)), ("json", generate.json(model, Item))):
+            gen = continuous(g)
+            base = gen(prompt, max_tokens=0)
+            gen(base, max_tokens=n)  # warm up (compiles the shapes of a compiled model)
+            per = []
+            for _ in range(args.reps):
+                state, t = clock(device, lambda: gen(base, max_tokens=n))
+                per.append(t / max(1, len(state.token_ids[0]) - len(base.token_ids[0])))
+            out[name + suffix] = median(per) * 1e3
     return out
 
 
-def fork(model, tok, args, device):
+def fork(hf, model, tok, args, device):
+    """Seconds of 8 samples x 32 tokens from one prompt: continuous and HF generate's sampling."""
     prompt = random_text(tok, 64 if args.quick else 512, seed=7)
+    ids = tok(prompt, return_tensors="pt").input_ids.to(device)
     gen = continuous(generate.text(model, samplers.multinomial(8)))
-    return median([clock(device, lambda: gen(prompt, max_tokens=32, seed=s))[1] for s in range(args.reps)])
+    runs = {"continuous": lambda s: gen(prompt, max_tokens=32, seed=s),
+            "hf": lambda s: hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0,
+                                        num_return_sequences=8, max_new_tokens=32, min_new_tokens=32,
+                                        pad_token_id=hf.config.eos_token_id)}
+    for run in runs.values():
+        run(0)  # warm up
+    return {name: median([clock(device, lambda: run(s))[1] for s in range(1, args.reps + 1)])
+            for name, run in runs.items()}
 
 
 def long_prompt(hf, tok, model, n_tokens, device):
+    """A long prompt + 16 tokens: seconds (text in, tokenization included for both) and peak memory."""
     prompt = random_text(tok, n_tokens, seed=11)
-    ids = tok(prompt, return_tensors="pt").input_ids.to(device)
     gen = continuous(generate.text(model))
+
+    def hf_run():
+        ids = tok(prompt, return_tensors="pt").input_ids.to(device)
+        return hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
+                           pad_token_id=hf.config.eos_token_id)
+
+    runs = {"continuous": lambda: gen(prompt, max_tokens=16), "hf": hf_run}
+    for run in runs.values():
+        run()  # warm up: attention kernels for this length are chosen on the first call
     weights = torch.cuda.memory_allocated() if device == "cuda" else 0
     seconds, peak = {}, {}
-    for name, fn in (("continuous", lambda: gen(prompt, max_tokens=16)),
-                     ("hf", lambda: hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
-                                                do_sample=False, pad_token_id=hf.config.eos_token_id))):
+    for name, fn in runs.items():
         if device == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         _, seconds[name] = clock(device, fn)
         peak[name] = (torch.cuda.max_memory_allocated() - weights) / 2**20 if device == "cuda" else None
-    return {"tokens": int(ids.shape[1]), "seconds": {k: round(v, 3) for k, v in seconds.items()},
+    return {"tokens": len(tok(prompt).input_ids), "seconds": {k: round(v, 3) for k, v in seconds.items()},
             "peak_mb": {k: None if v is None else round(v, 1) for k, v in peak.items()}}
 
 

@@ -47,7 +47,7 @@ def ideal_turns(hf, tok, constraint, system, messages, max_tokens):
 
     Masks come from the same constraint (engine) as continuous's, so both choose the same tokens.
     """
-    vocab = hf.config.vocab_size
+    vocab, device = hf.config.vocab_size, hf.device
     bitmask = torch.zeros((vocab + 31) // 32, dtype=torch.int32)
     cache = DynamicCache(config=hf.config)
 
@@ -56,8 +56,9 @@ def ideal_turns(hf, tok, constraint, system, messages, max_tokens):
         matcher = constraint.matcher()
         with torch.no_grad():
             for _ in range(max_tokens):
-                out = hf(torch.tensor([pending]), past_key_values=cache, use_cache=True, logits_to_keep=1)
-                logits = out.logits[0, -1].masked_fill(~bool_mask(matcher, bitmask, vocab), -torch.inf)
+                out = hf(torch.tensor([pending], device=device), past_key_values=cache, use_cache=True, logits_to_keep=1)
+                allowed = bool_mask(matcher, bitmask, vocab).to(device, non_blocking=True)
+                logits = out.logits[0, -1].masked_fill(~allowed, -torch.inf)
                 token = int(logits.argmax())
                 if token == tok.eos_token_id:
                     return []

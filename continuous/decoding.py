@@ -183,6 +183,8 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
     sentinel = eos if eos is not None else 0
     identity = list(range(n))
     step_logprobs: list[torch.Tensor] = []  # per step, the sampled tokens' log-probabilities [rows]
+    ones = torch.ones((n, 1), dtype=torch.bool, device=device)
+    overlap = getattr(model, "overlap", False) and masks.matchers is None and not sampler.joint
 
     def hole_at(r: int, slot: int) -> None:
         """Turn a generated token's slot into a hole (host grid and device mask)."""
@@ -213,6 +215,12 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
         weights = new_weights
         # The one transfer of the step: ids, ancestors and which rows are left with no allowed token.
         no_token = masked[ancestors, ids] == -torch.inf
+        spec = None
+        if overlap and all_real and step + 1 < steps and not any(finished):
+            # Queue the next step on the sampled ids before the host reads them, so that the
+            # device computes while the host does its bookkeeping. Kept if the step turns
+            # out plain (every row goes on with its sampled token), else given back.
+            spec = model.forward(ids[:, None], None, cache, logits_to_keep=1, n_real=n, holes=False)
         ids_h, anc_h, dead = torch.stack([ids, ancestors, no_token.long()]).tolist()
         if anc_h != identity:
             logits, mask = logits[ancestors], mask[ancestors]
@@ -263,8 +271,13 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
                     logits[r] = start_logits[r]
             chunks.append(chunk)
         step += 1
-        yield [row.release() if not (row.finished and row.released >= len(row.text)) else None
-               for row in state]
+        try:
+            yield [row.release() if not (row.finished and row.released >= len(row.text)) else None
+                   for row in state]
+        except GeneratorExit:
+            if spec is not None:
+                spec[1].release(cache.length)
+            raise
         # Right-aligned: every row's newest token sits in the last slot, where the logits are read.
         width = max(len(c) for c in chunks)
         real = [[j >= width - len(c) for j in range(width)] for c in chunks]
@@ -273,21 +286,31 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
             state[r].slots.extend(range(len(columns) + width - len(c), len(columns) + width))
         columns.extend(map(list, zip(*new_ids)))
         reals.extend(map(list, zip(*real)))
-        real_dev = torch.tensor(real, device=device)
+        # The common step (one sampled token per row, as sampled) takes the ids where
+        # they already are: no host-to-device copy, which would wait for the device.
+        plain = width == 1 and all(len(c) == 1 and c[0] == t for c, t in zip(chunks, ids_h))
+        real_dev = ones[:, :1] if plain else torch.tensor(real, device=device)
         mask = torch.cat([mask, real_dev.long()], 1)
         all_real = all_real and all(map(all, real)) and not any(row.rewinds for row in state)
         holes = holes or any(0 < len(c) < width for c in chunks) or any(row.rewinds for row in state)
         if rewound:
             model.stats.record_rewound(rewound)
+        if spec is not None:
+            if plain and all_real and anc_h == identity and not all(row.finished for row in state):
+                new_logits, cache = spec
+                logits = new_logits[:, -1]
+                continue
+            spec[1].release(cache.length)  # its slots go back to the buffer; its tokens count as rewound
+            model.stats.record_rewound(n)
         if all(row.finished for row in state):
             logits_ok = [ok and not c for ok, c in zip(logits_ok, chunks)]
             break
         if not width:  # every row went back to the start of the call: its logits are kept
             continue
-        new_logits, cache = model.forward(torch.tensor(new_ids, dtype=torch.long, device=device),
+        new_logits, cache = model.forward(ids[:, None] if plain else torch.tensor(new_ids, device=device),
                                           None if all_real else mask, cache, logits_to_keep=1,
                                           n_real=sum(map(len, chunks)), holes=holes)
-        logits = torch.where(real_dev[:, -1:], new_logits[:, -1], logits)
+        logits = new_logits[:, -1] if plain else torch.where(real_dev[:, -1:], new_logits[:, -1], logits)
 
     for row in state:
         row.flush()

@@ -31,7 +31,7 @@ _MIN_CAPACITY = 64
 class _Buffer:
     """Per-layer key and value tensors ``[rows, kv_heads, capacity, head_dim]``."""
 
-    __slots__ = ("keys", "values", "capacity", "filled", "rows", "lock")
+    __slots__ = ("keys", "values", "capacity", "filled", "rows", "lock", "static")
 
     def __init__(self, rows: int, capacity: int):
         self.keys: list[torch.Tensor] = []
@@ -40,6 +40,7 @@ class _Buffer:
         self.capacity = capacity
         self.filled = 0  # slots claimed by a view: only the tip (length == filled) appends in place
         self.lock = threading.Lock()
+        self.static = None  # the StaticStepCache of compiled steps into this buffer
 
     def claim(self, start: int, end: int) -> bool:
         """Atomically take slots ``[start, end)`` for appending in place, if ``start`` is the tip."""
@@ -119,6 +120,16 @@ class KVCache:
         """The view on the first ``min(length, self.length)`` slots (``None`` when empty)."""
         length = min(length, self.length)
         return KVCache(self._buffer, length) if length > 0 else None
+
+    def release(self, length: int) -> None:
+        """Give back this view's slots past ``length`` to its buffer: the view is being discarded.
+
+        The view of ``length`` slots then appends in place again, unless another view
+        claimed slots since.
+        """
+        with self._buffer.lock:
+            if self._buffer.filled == self.length and length < self.length:
+                self._buffer.filled = length
 
     def select_rows(self, rows: torch.Tensor) -> "KVCache":
         """The cache of the given rows (indices may repeat, for forks and beams).
@@ -259,7 +270,21 @@ class StaticStepCache(Cache):
     claimed the slot, so copy on write and the tip's lock work as for any forward.
     """
 
-    def __init__(self, fc: ForwardCache, layer_kinds: list[bool], write_at: torch.Tensor):
-        buf = fc._buffer
+    def __init__(self, buf: _Buffer, layer_kinds: list[bool], write_at: torch.Tensor):
         self.keys, self.values, self.capacity, self.write_at = buf.keys, buf.values, buf.capacity, write_at
+        for t in self.keys + self.values:
+            # A static address, as HF's StaticCache marks its own: CUDA graphs write the
+            # buffer in place instead of copying it in as an input at every step. Unguarded,
+            # so that a new buffer (a new state, a grown capacity) re-records a graph rather
+            # than recompiling.
+            torch._dynamo.mark_static_address(t, guard=False)
         super().__init__(layers=[_StaticLayer(self, i, sliding) for i, sliding in enumerate(layer_kinds)])
+
+    @classmethod
+    def of(cls, fc: ForwardCache, layer_kinds: list[bool], write_at: torch.Tensor) -> "StaticStepCache":
+        """The step cache of the buffer ``fc`` writes into (made once per buffer), writing at ``write_at``."""
+        buf = fc._buffer
+        if buf.static is None:
+            buf.static = cls(buf, layer_kinds, write_at)
+        buf.static.write_at = write_at
+        return buf.static

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from continuous import continuous, generate, guides, models, samplers
+from continuous.models.transformers import Transformers
 from continuous.testing import build_llama, real_tokenizer
 
 
@@ -48,3 +49,61 @@ def test_the_index_cache_is_bounded(model, monkeypatch):
         guides.build_index(f"b{{1,{n}}}", model.tokenizer)
     assert len(guides._INDEXES) == 3
     assert guides.build_index("a{1,2}", model.tokenizer) is not first  # evicted, rebuilt
+
+
+
+class _EndsRowAt(Transformers):
+    """A backend whose row ``row`` is made to choose EOS once its cache holds ``at`` slots."""
+
+    def __init__(self, hf, tok, row, at):
+        super().__init__(hf, tok)
+        self.row, self.at = row, at
+
+    def forward(self, input_ids, attention_mask, cache, logits_to_keep=1, **kwargs):
+        logits, out = super().forward(input_ids, attention_mask, cache, logits_to_keep, **kwargs)
+        if out.length == self.at and input_ids.shape[0] > self.row:
+            logits = logits.clone()
+            logits[self.row, -1, self.tokenizer.eos_token_id] = 1e4
+        return logits, out
+
+
+@pytest.mark.parametrize("case", ["free", "fork-eos", "stop", "ban", "stream"])
+def test_overlapped_steps_give_the_same_states(hf_model, tokenizer, case):
+    """Queuing each step before the host reads the ids (CUDA's default) changes nothing but speed."""
+    prompt = "Once upon a time"
+    n_prompt = len(tokenizer(prompt).input_ids)
+    plain, overlapped = (_EndsRowAt(hf_model, tokenizer, 1, n_prompt + 4) for _ in range(2))
+    overlapped.overlap = True
+    ref = continuous(generate.text(plain))(prompt, max_tokens=12)
+    generated = ref.value
+    kwargs = {"max_tokens": 12}
+    if case == "stop":
+        kwargs["stop_at"] = generated[3:6]
+    states = {}
+    for name, m in (("plain", plain), ("overlapped", overlapped)):
+        sampler = samplers.multinomial(3) if case == "fork-eos" else samplers.greedy()
+        ban = [generated[4:9]] if case == "ban" else None
+        gen = continuous(generate.text(m, sampler, ban=ban))
+        if case == "stream":
+            pieces = list(gen.stream(prompt, **kwargs))
+            states[name] = "".join(pieces)
+            continue
+        state = gen(prompt, seed=3, **kwargs)
+        states[name] = state
+    a, b = states["plain"], states["overlapped"]
+    if case == "stream":
+        assert a == b and a
+        return
+    assert list(a) == list(b) and a.value == b.value
+    assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.attention_mask, b.attention_mask)
+    assert torch.allclose(a.weights, b.weights, atol=1e-4)
+    if case == "fork-eos":
+        assert len(b.value[1]) < len(b.value[0])  # row 1 ended early, on EOS
+    # Discarded steps are counted as rewound and gave their slots back: the result's
+    # buffer is the prompt's, and continuing it gives the same as without overlap.
+    assert overlapped.stats.tokens_rewound >= plain.stats.tokens_rewound
+    assert b.kv_cache._buffer.filled == b.kv_cache.length  # still the tip: it appends in place
+    more_a = continuous(generate.text(plain, sampler))(a + " and", max_tokens=5, seed=4)
+    more_b = continuous(generate.text(overlapped, sampler))(b + " and", max_tokens=5, seed=4)
+    assert list(more_a) == list(more_b)
+    assert overlapped.stats.forward_calls - plain.stats.forward_calls <= 2

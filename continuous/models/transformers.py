@@ -23,7 +23,10 @@ class Transformers:
 
     Use :func:`transformers` to build one. Attributes: ``model`` (the HF model),
     ``tokenizer`` (a fast HF tokenizer), ``stats``, ``vocab_size``, ``max_length``,
-    ``device``.
+    ``device``, and ``overlap``: whether free-text decoding queues each step on the
+    device before the host has read the previous step's tokens (on by default on CUDA;
+    a step that turns out unneeded, when a row ends, is discarded and counted in
+    ``stats.tokens_rewound``).
 
     Every method may be called from several threads at once: the cache claims the slots
     it appends under a lock and the counters are atomic. The HF model itself must then
@@ -44,7 +47,12 @@ class Transformers:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.kinds = layer_kinds(model.config)
+        # Queue each decode step before the host has read the last step's ids (see
+        # decoding.decode): it pays where the device runs asynchronously.
+        self.overlap = self.device.type == "cuda"
         self.compiled = None
+        self._arange = None
+        self.compile = compile
         if compile:
             # One-token decode steps run compiled, on fixed shapes (a buffer's capacity), so
             # that nothing is specialized on the step; on CUDA "reduce-overhead" also
@@ -98,12 +106,23 @@ class Transformers:
 
 
     def _static_step(self, input_ids: torch.Tensor, mask: torch.Tensor | None, fc: ForwardCache) -> torch.Tensor:
-        """One decode step on fixed shapes: the whole capacity, masks saying which slots count."""
-        rows, start, capacity, device = input_ids.shape[0], fc.start, fc._buffer.capacity, self.device
-        full = torch.zeros((rows, capacity), dtype=torch.bool, device=device)
-        full[:, : start + 1] = True if mask is None else mask.bool()
-        positions = full.long().cumsum(-1) - 1
-        query = positions[:, start : start + 1]
+        """One decode step on fixed shapes: the whole capacity, masks saying which slots count.
+
+        Nothing here copies from the host: the slot written and the positions are views
+        of a device ``arange``, so the step is queued while the GPU still runs the last one.
+        """
+        rows, start, capacity = input_ids.shape[0], fc.start, fc._buffer.capacity
+        slots = self._slots(capacity)
+        write_at = slots[start]
+        if mask is None:  # every slot up to this one is real: positions are the slots
+            full = slots.expand(rows, capacity) <= write_at
+            positions = slots.expand(rows, capacity)
+            query = slots[start : start + 1].repeat(rows, 1)
+        else:
+            full = torch.zeros((rows, capacity), dtype=torch.bool, device=self.device)
+            full[:, : start + 1] = mask.bool()
+            positions = full.long().cumsum(-1) - 1
+            query = positions[:, start : start + 1].clamp(min=0).contiguous()
         keys = full[:, None, None, :]
         masks = keys
         if any(self.kinds):
@@ -111,11 +130,18 @@ class Transformers:
             masks = window if all(self.kinds) else {"full_attention": keys, "sliding_attention": window}
         if self.model.config._attn_implementation == "eager":  # eager attention adds its mask
             low = torch.finfo(self.dtype).min
-            as_bias = lambda m: torch.zeros(m.shape, dtype=self.dtype, device=device).masked_fill(~m, low)  # noqa: E731
+            as_bias = lambda m: torch.zeros(m.shape, dtype=self.dtype, device=self.device).masked_fill(~m, low)  # noqa: E731
             masks = {k: as_bias(m) for k, m in masks.items()} if isinstance(masks, dict) else as_bias(masks)
-        cache = StaticStepCache(fc, self.kinds, torch.tensor(start, device=device))
+        cache = StaticStepCache.of(fc, self.kinds, write_at)
         with torch.inference_mode():
-            return self.compiled(input_ids, query.clamp(min=0), masks, cache)
+            return self.compiled(input_ids, query, masks, cache)
+
+    def _slots(self, capacity: int) -> torch.Tensor:
+        """``arange(capacity)`` on the model's device, made once per capacity."""
+        table = self._arange
+        if table is None or table.numel() < capacity:
+            table = self._arange = torch.arange(max(capacity, 1024), device=self.device)
+        return table[:capacity]
 
     def _step(self, input_ids, position_ids, masks, cache):
         return self.model(input_ids=input_ids, attention_mask=masks, position_ids=position_ids,
@@ -165,7 +191,7 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
     if device is not None or dtype is not None:
         model = model.to(device=device, dtype=dtype)
     wrapped = _WRAPPED.get(model)
-    if wrapped is None or wrapped.tokenizer is not tokenizer or bool(wrapped.compiled) != bool(compile):
+    if wrapped is None or wrapped.tokenizer is not tokenizer or wrapped.compile != compile:
         wrapped = Transformers(model, tokenizer, compile=compile)
         _WRAPPED[model] = wrapped
     return wrapped
