@@ -49,6 +49,27 @@ def _check_context(model, rows: Rows, extra: int = 0) -> None:
                          f"{model.max_length} tokens: nothing was computed")
 
 
+def _to_host(t: torch.Tensor):
+    """Start copying ``t`` to the host; returns a function that waits for it and gives ``t.tolist()``.
+
+    On CUDA the copy goes to pinned memory behind an event, so that work queued after it
+    does not delay it (a plain ``tolist()`` would wait for that work too).
+    """
+    if t.device.type != "cuda":
+        values = t.tolist()
+        return lambda: values
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def wait():
+        copied.synchronize()
+        return host.tolist()
+
+    return wait
+
+
 def top_up(model, rows: Rows) -> Rows:
     """Forward, in one pass, every slot the cache does not cover.
 
@@ -215,13 +236,14 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
         weights = new_weights
         # The one transfer of the step: ids, ancestors and which rows are left with no allowed token.
         no_token = masked[ancestors, ids] == -torch.inf
+        read = _to_host(torch.stack([ids, ancestors, no_token.long()]))
         spec = None
         if overlap and all_real and step + 1 < steps and not any(finished):
-            # Queue the next step on the sampled ids before the host reads them, so that the
-            # device computes while the host does its bookkeeping. Kept if the step turns
-            # out plain (every row goes on with its sampled token), else given back.
+            # Queue the next step on the sampled ids behind their copy to the host, so that
+            # the device computes while the host does its bookkeeping. Kept if the step
+            # turns out plain (every row goes on with its sampled token), else given back.
             spec = model.forward(ids[:, None], None, cache, logits_to_keep=1, n_real=n, holes=False)
-        ids_h, anc_h, dead = torch.stack([ids, ancestors, no_token.long()]).tolist()
+        ids_h, anc_h, dead = read()
         if anc_h != identity:
             logits, mask = logits[ancestors], mask[ancestors]
             token_ids, host_mask = token_ids[anc_h], host_mask[anc_h]

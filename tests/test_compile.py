@@ -14,9 +14,14 @@ from continuous.testing import build_arch
 PROMPTS = ["User: Tell me about Omar and his twelve cats, one by one.\nAssistant:", "Hi"]
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ["llama", "mistral", "gemma2"])  # sdpa; sliding window; eager + hybrid
-def test_compiled_decode_equals_eager(arch):
+def test_compiled_decode_equals_eager(arch, device):
     hf, tok = build_arch(arch, max_position_embeddings=256)
+    hf = hf.to(device)
     eager = models.transformers(hf, tok)
     ref = continuous(generate.text(eager))(PROMPTS, max_tokens=40)
     ref_more = continuous(generate.text(eager))(ref + [" and", " then a much longer addition"], max_tokens=30)

@@ -134,7 +134,8 @@ class Transformers:
             masks = {k: as_bias(m) for k, m in masks.items()} if isinstance(masks, dict) else as_bias(masks)
         cache = StaticStepCache.of(fc, self.kinds, write_at)
         with torch.inference_mode():
-            return self.compiled(input_ids, query, masks, cache)
+            # A copy: a CUDA graph's outputs live in its pool, and its next replay writes there.
+            return self.compiled(input_ids, query, masks, cache).clone()
 
     def _slots(self, capacity: int) -> torch.Tensor:
         """``arange(capacity)`` on the model's device, made once per capacity."""
