@@ -1,6 +1,6 @@
 """The GPU workload: decode, multiturn, JSON, a long prompt and a fork on a Llama-3.2-1B shape.
 
-    python benchmarks/gpu.py [--device cuda] [--quick] [--save] [--reps N]
+    python benchmarks/gpu.py [--device cuda] [--quick] [--save] [--reps N] [--only SECTIONS]
 
 The model is a random-weight Llama-3.2-1B shape (hidden 2048, 16 layers, 32 heads,
 8 kv heads, intermediate 8192, tied embeddings) in bf16 with the real Llama-3
@@ -46,6 +46,7 @@ def parse_args():
     parser.add_argument("--quick", action="store_true", help="small shape and sizes (a smoke run)")
     parser.add_argument("--save", action="store_true", help="write benchmarks/results/gpu.json")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--only", help="comma-separated sections: decode,multiturn,constraint,long,fork")
     return parser.parse_args()
 
 
@@ -113,71 +114,68 @@ def main():
     hf, tok = build(device, args.quick)
     model = models.transformers(hf, tok)
     n_decode, prompt_len, long_len = (16, 64, 512) if args.quick else (128, 512, 15000)
+    compiled = models.transformers(hf, tok, compile=True)
+    want = set(args.only.split(",")) if args.only else {"decode", "multiturn", "constraint", "long", "fork"}
+    r = lambda x: None if x is None else round(x, 3)  # noqa: E731
+    table = [("", "continuous", "reference", "ratio")]
+    result = {"bench": "gpu", "device": device, "quick": args.quick}
+
+    def row(label, ours, ref):
+        table.append((label, r(ours), r(ref), r(ours / ref) if ours and ref else "-"))
+
+    if "decode" in want:  # eager, and with compiled decode steps (CUDA graphs on a GPU)
+        d = result["decode_ms"] = {k: r(v) for k, v in decode(hf, tok, model, compiled, prompt_len, n_decode,
+                                                                    args, device).items()}
+        row("decode ms/token vs HF static", d["continuous"], d["hf_static"])
+        row("decode ms/token vs HF dynamic", d["continuous"], d["hf_dynamic"])
+        row("decode ms/token vs floor", d["continuous"], d["floor"])
+        row("compiled decode vs HF static", d["continuous_compiled"], d["hf_static"])
+        row("compiled decode vs floor", d["continuous_compiled"], d["floor"])
+    # multiturn, JSON and fork reuse the CPU benchmarks' workloads, eager and compiled
+    if "multiturn" in want:
+        m = result["multiturn_s"] = {k: r(v) for k, v in multiturn(
+            hf, tok, {"continuous": model, "continuous_compiled": compiled}, args, device).items()}
+        for name in ("continuous", "continuous_compiled"):
+            label = "multiturn s" + (" (compiled)" if "compiled" in name else "")
+            row(f"{label} vs ideal", m[name], m["ideal"])
+            row(f"{label} vs outlines", m[name], m["outlines"])
+    if "constraint" in want:
+        c = result["constraint_ms"] = {k: r(v) for k, v in constraint(
+            {"": model, "_compiled": compiled}, tok, args, device).items()}
+        for suffix in ("", "_compiled"):
+            row(f"JSON vs free ms/token{suffix.replace('_', ' ')}", c["json" + suffix], c["free" + suffix])
+    if "long" in want:
+        long = result["long"] = long_prompt(hf, tok, model, long_len, device)
+        row(f"{long_len}-token prompt s", long["seconds"]["continuous"], long["seconds"]["hf"])
+        if long["peak_mb"]["hf"]:
+            row("peak MB above weights", long["peak_mb"]["continuous"], long["peak_mb"]["hf"])
+    if "fork" in want:
+        f = result["fork_s"] = {k: r(v) for k, v in fork(hf, model, tok, args, device).items()}
+        row("fork 8 x 32 s vs HF sampling", f["continuous"], f["hf"])
+    emit("gpu", table, result, args.save)
+
+
+def decode(hf, tok, model, compiled, prompt_len, n_decode, args, device):
+    """ms per decoded token: continuous eager and compiled, HF generate dynamic and static, the floor."""
     prompt = random_text(tok, prompt_len, seed=3)
     ids = tok(prompt, return_tensors="pt").input_ids.to(device)
-    gen = continuous(generate.text(model))
-
-    # decode: eager, and with compiled decode steps (CUDA graphs on a GPU)
     floor = step_bytes(hf) / bandwidth(device)
-    compiled = models.transformers(hf, tok, compile=True)
-    gen_c = continuous(generate.text(compiled))
+    gen, gen_c = continuous(generate.text(model)), continuous(generate.text(compiled))
     gen_c(gen_c(prompt, max_tokens=0), max_tokens=n_decode)  # compile the shapes first
     ours, ours_c, dyn, static = [], [], [], []
     with torch.no_grad():
         for _ in range(args.reps):
-            for g, m, out in ((gen, model, ours), (gen_c, compiled, ours_c)):
+            for g, out in ((gen, ours), (gen_c, ours_c)):
                 base = g(prompt, max_tokens=0)
-                before = m.stats.forward_calls
-                _, t = clock(device, lambda: g(base, max_tokens=n_decode))
-                out.append(t / (m.stats.forward_calls - before))
+                state, t = clock(device, lambda: g(base, max_tokens=n_decode))
+                # Per token after the first, as for HF: the first needs no forward.
+                out.append(t / (state.token_ids.shape[1] - base.token_ids.shape[1] - 1))
             dyn.append(hf_decode(hf, ids, n_decode, device))
             if device == "cuda":
                 static.append(hf_decode(hf, ids, n_decode, device, cache_implementation="static"))
-    decode_ms = {"continuous": median(ours) * 1e3, "continuous_compiled": median(ours_c) * 1e3,
-                 "hf_dynamic": median(dyn) * 1e3,
-                 "hf_static": median(static) * 1e3 if static else None, "floor": floor * 1e3}
-
-    # multiturn, JSON and fork reuse the CPU benchmarks' workloads, eager and compiled
-    multiturn_s = multiturn(hf, tok, {"continuous": model, "continuous_compiled": compiled}, args, device)
-    constraint_ms = constraint({"": model, "_compiled": compiled}, tok, args, device)
-    fork_s = fork(hf, model, tok, args, device)
-    long = long_prompt(hf, tok, model, long_len, device)
-
-    r = lambda x: None if x is None else round(x, 3)  # noqa: E731
-    table = [("", "continuous", "reference", "ratio")]
-    table.append(("decode ms/token vs HF static", r(decode_ms["continuous"]), r(decode_ms["hf_static"]),
-                  r(decode_ms["continuous"] / decode_ms["hf_static"]) if static else "-"))
-    table.append(("decode ms/token vs HF dynamic", r(decode_ms["continuous"]), r(decode_ms["hf_dynamic"]),
-                  r(decode_ms["continuous"] / decode_ms["hf_dynamic"])))
-    table.append(("decode ms/token vs floor", r(decode_ms["continuous"]), r(floor * 1e3),
-                  r(decode_ms["continuous"] / decode_ms["floor"])))
-    table.append(("compiled decode vs HF static", r(decode_ms["continuous_compiled"]), r(decode_ms["hf_static"]),
-                  r(decode_ms["continuous_compiled"] / decode_ms["hf_static"]) if static else "-"))
-    table.append(("compiled decode vs floor", r(decode_ms["continuous_compiled"]), r(floor * 1e3),
-                  r(decode_ms["continuous_compiled"] / decode_ms["floor"])))
-    for name in ("continuous", "continuous_compiled"):
-        label = "multiturn s" + (" (compiled)" if "compiled" in name else "")
-        table.append((f"{label} vs ideal", r(multiturn_s[name]), r(multiturn_s["ideal"]),
-                      r(multiturn_s[name] / multiturn_s["ideal"])))
-        table.append((f"{label} vs outlines", r(multiturn_s[name]), r(multiturn_s["outlines"]),
-                      r(multiturn_s[name] / multiturn_s["outlines"])))
-    for suffix in ("", "_compiled"):
-        table.append((f"JSON vs free ms/token{suffix.replace('_', ' ')}", r(constraint_ms["json" + suffix]),
-                      r(constraint_ms["free" + suffix]),
-                      r(constraint_ms["json" + suffix] / constraint_ms["free" + suffix])))
-    table.append((f"{long_len}-token prompt s", r(long["seconds"]["continuous"]), r(long["seconds"]["hf"]),
-                  r(long["seconds"]["continuous"] / long["seconds"]["hf"])))
-    if long["peak_mb"]["hf"]:
-        table.append(("peak MB above weights", r(long["peak_mb"]["continuous"]), r(long["peak_mb"]["hf"]),
-                      r(long["peak_mb"]["continuous"] / long["peak_mb"]["hf"])))
-    table.append(("fork 8 x 32 s vs HF sampling", r(fork_s["continuous"]), r(fork_s["hf"]),
-                  r(fork_s["continuous"] / fork_s["hf"])))
-    result = {"bench": "gpu", "device": device, "quick": args.quick,
-              "decode_ms": {k: r(v) for k, v in decode_ms.items()},
-              "multiturn_s": {k: r(v) for k, v in multiturn_s.items()},
-              "constraint_ms": {k: r(v) for k, v in constraint_ms.items()},
-              "long": long, "fork_s": {k: r(v) for k, v in fork_s.items()}}
-    emit("gpu", table, result, args.save)
+    return {"continuous": median(ours) * 1e3, "continuous_compiled": median(ours_c) * 1e3,
+            "hf_dynamic": median(dyn) * 1e3, "hf_static": median(static) * 1e3 if static else None,
+            "floor": floor * 1e3}
 
 
 def multiturn(hf, tok, ours, args, device):

@@ -205,7 +205,10 @@ def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sample
     identity = list(range(n))
     step_logprobs: list[torch.Tensor] = []  # per step, the sampled tokens' log-probabilities [rows]
     ones = torch.ones((n, 1), dtype=torch.bool, device=device)
-    overlap = getattr(model, "overlap", False) and masks.matchers is None and not sampler.joint
+    # The queued step's input is the sampled token whatever the constraint: its mask for
+    # the next step is filled on the host while the device runs the step. Beams reorder
+    # rows at every step, so they would give back nearly every queued step.
+    overlap = getattr(model, "overlap", False) and not sampler.joint
 
     def hole_at(r: int, slot: int) -> None:
         """Turn a generated token's slot into a hole (host grid and device mask)."""

@@ -72,7 +72,9 @@ def _gather(buffer: _Buffer, rows: torch.Tensor | None, slots: torch.Tensor | No
     """
     n_rows = buffer.rows if rows is None else rows.numel()
     new = _Buffer(n_rows, capacity)
-    with torch.no_grad():
+    # Inference tensors, as those a forward allocates: a compiled step is specialized on
+    # the kind of tensor, so a copied buffer of another kind would compile it again.
+    with torch.inference_mode():
         for old_layer, new_layer in ((buffer.keys, new.keys), (buffer.values, new.values)):
             for t in old_layer:
                 src = t[:, :, :length] if slots is None else t

@@ -40,3 +40,17 @@ def test_compiled_decode_equals_eager(arch, device):
     compiled.overlap = True
     one = gen(PROMPTS[0], max_tokens=20)
     assert list(one) == list(continuous(generate.text(eager))(PROMPTS[0], max_tokens=20))
+
+
+def test_a_copied_buffer_does_not_compile_the_step_again():
+    from torch._dynamo.utils import counters
+
+    hf, tok = build_arch("llama", max_position_embeddings=256)
+    gen = continuous(generate.text(models.transformers(hf, tok, compile=True)))
+    base = gen("Hello there", max_tokens=0)
+    first = gen(base, max_tokens=4)  # compiles; appends to base's buffer in place
+    graphs = counters["stats"]["unique_graphs"]
+    again = gen(base, max_tokens=4)  # base is no longer its buffer's tip: a copy of it
+    assert again.kv_cache._buffer is not first.kv_cache._buffer
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert list(again) == list(first)

@@ -67,7 +67,7 @@ class _EndsRowAt(Transformers):
         return logits, out
 
 
-@pytest.mark.parametrize("case", ["free", "fork-eos", "stop", "ban", "stream"])
+@pytest.mark.parametrize("case", ["free", "fork-eos", "stop", "ban", "stream", "regex", "regex-heal"])
 def test_overlapped_steps_give_the_same_states(hf_model, tokenizer, case):
     """Queuing each step before the host reads the ids (CUDA's default) changes nothing but speed."""
     prompt = "Once upon a time"
@@ -84,6 +84,9 @@ def test_overlapped_steps_give_the_same_states(hf_model, tokenizer, case):
         sampler = samplers.multinomial(3) if case == "fork-eos" else samplers.greedy()
         ban = [generated[4:9]] if case == "ban" else None
         gen = continuous(generate.text(m, sampler, ban=ban))
+        if case.startswith("regex"):  # forced runs (fast-forward) give queued steps back
+            gen = continuous(generate.regex(m, r"(ab|[0-9]{2})-forced-run-[a-z]{3}\.", sampler))
+            kwargs.update(heal=case == "regex-heal", max_tokens=60)
         if case == "stream":
             pieces = list(gen.stream(prompt, **kwargs))
             states[name] = "".join(pieces)
@@ -102,7 +105,7 @@ def test_overlapped_steps_give_the_same_states(hf_model, tokenizer, case):
     # Discarded steps are counted as rewound and gave their slots back: the result's
     # buffer is the prompt's, and continuing it gives the same as without overlap.
     assert overlapped.stats.tokens_rewound >= plain.stats.tokens_rewound
-    if case in ("fork-eos", "stop"):  # a step was queued, then given back when a row ended
+    if case in ("fork-eos", "stop", "regex"):  # a step was queued, then given back
         assert overlapped.stats.tokens_rewound > plain.stats.tokens_rewound
     assert b.kv_cache._buffer.filled == b.kv_cache.length  # still the tip: it appends in place
     more_a = continuous(generate.text(plain, sampler))(a + " and", max_tokens=5, seed=4)

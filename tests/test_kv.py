@@ -6,12 +6,13 @@ from continuous.kv import ForwardCache
 
 
 def fill(cache, rows, n, value):
-    """One fake forward of `n` slots through a 2-layer model writing `value`."""
+    """One fake forward of `n` slots through a 2-layer model writing `value` (in inference mode, as the backend's)."""
     fc = ForwardCache(cache, rows, n, [False, False])
-    for layer in range(2):
-        k = torch.full((rows, 2, n, 4), float(value))
-        keys, values = fc.update(k, k.clone(), layer)
-        assert keys.shape[2] == fc.end
+    with torch.inference_mode():
+        for layer in range(2):
+            k = torch.full((rows, 2, n, 4), float(value))
+            keys, values = fc.update(k, k.clone(), layer)
+            assert keys.shape[2] == fc.end
     return fc.result(), fc
 
 
@@ -43,7 +44,8 @@ def test_decoding_does_not_copy_per_token():
 
 def test_crop_and_select():
     a, _ = fill(None, 3, 4, 0)
-    a._buffer.keys[0][1, :, :4] = 7  # mark row 1
+    with torch.inference_mode():
+        a._buffer.keys[0][1, :, :4] = 7  # mark row 1
     cropped = a.crop(2)
     assert cropped.length == 2 and cropped._buffer is a._buffer
     assert a.crop(0) is None
@@ -60,7 +62,8 @@ def test_crop_and_select():
 def test_failed_forward_leaves_the_view_usable():
     a, _ = fill(None, 1, 3, 1)
     fc = ForwardCache(a, 1, 2, [False, False])
-    fc.update(torch.full((1, 2, 2, 4), 9.0), torch.full((1, 2, 2, 4), 9.0), 0)
+    with torch.inference_mode():
+        fc.update(torch.full((1, 2, 2, 4), 9.0), torch.full((1, 2, 2, 4), 9.0), 0)
     fc.abort()  # what the backend does when the forward raises
     # the forward died before result(): `a` is still the tip and still reads its own slots
     assert a._buffer.filled == 3 and torch.all(keys(a) == 1)
