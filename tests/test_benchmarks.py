@@ -95,3 +95,19 @@ def test_floor_counts_the_weights_a_step_reads(tied):
     if not tied:
         read += h  # the one embedding row a token looks up
     assert step_weight_bytes(hf) == 4 * read  # fp32
+
+
+def test_gpu_benchmark_runs_on_the_cpu():
+    """The GPU workload's smoke run (a small shape on the CPU): every section and figure present."""
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu.py"), "--device", "cpu", "--quick", "--reps", "1"],
+                          cwd=BENCH, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["bench"] == "gpu" and result["device"] == "cpu"
+    assert set(result["decode_ms"]) == {"continuous", "continuous_compiled", "hf_dynamic", "hf_static", "floor"}
+    assert result["decode_ms"]["hf_static"] is None  # HF's static cache compiles for CUDA only
+    assert set(result["multiturn_s"]) == {"continuous", "continuous_compiled", "ideal", "outlines"}
+    assert set(result["constraint_ms"]) == {"free", "json", "free_compiled", "json_compiled"}
+    assert result["long"]["tokens"] >= 500 and set(result["long"]["seconds"]) == {"continuous", "hf"}
+    assert set(result["fork_s"]) == {"continuous", "hf"}
+    assert all(v > 0 for section in ("multiturn_s", "constraint_ms", "fork_s") for v in result[section].values())
