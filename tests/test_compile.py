@@ -54,3 +54,18 @@ def test_a_copied_buffer_does_not_compile_the_step_again():
     assert again.kv_cache._buffer is not first.kv_cache._buffer
     assert counters["stats"]["unique_graphs"] == graphs
     assert list(again) == list(first)
+
+
+def test_every_batch_size_stays_compiled_past_dynamos_default_limit():
+    from torch._dynamo.utils import counters
+
+    hf, tok = build_arch("llama", max_position_embeddings=256)
+    model = models.transformers(hf, tok, compile=True)
+    # Dynamo's tracing only (backend "eager"): the shapes are what is counted, not kernels.
+    model.compiled = torch.compile(model._step, backend="eager", dynamic=False)
+    gen = continuous(generate.text(model))
+    eager = continuous(generate.text(models.transformers(hf, tok)))
+    graphs = counters["stats"]["unique_graphs"]
+    for rows in range(1, 11):  # ten shapes: dynamo alone would stop compiling after eight
+        assert list(gen(["Hi"] * rows, max_tokens=3)) == list(eager(["Hi"] * rows, max_tokens=3))
+    assert counters["stats"]["unique_graphs"] - graphs == 10

@@ -18,6 +18,11 @@ logger = logging.getLogger(__name__)
 _WRAPPED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+#: How many shapes a compiled decode step may be compiled for (``torch._dynamo``'s
+#: ``recompile_limit`` is raised to it): rows x capacities x with or without a mask.
+COMPILED_SHAPES = 64
+
+
 class Transformers:
     """A local transformers causal LM.
 
@@ -59,6 +64,11 @@ class Transformers:
             # captures them in CUDA graphs. Prefills stay eager.
             mode = compile if isinstance(compile, str) else ("reduce-overhead" if self.device.type == "cuda" else None)
             self.compiled = torch.compile(self._step, mode=mode, dynamic=False)
+            # Each (rows, capacity, mask kind) is a shape of its own. Past dynamo's
+            # default of 8 compiled shapes per function, every new shape would run eager
+            # steps for the rest of the process, with one log line as the only sign.
+            config = torch._dynamo.config
+            config.recompile_limit = max(config.recompile_limit, COMPILED_SHAPES)
 
     def __repr__(self) -> str:
         return f"models.transformers({type(self.model).__name__}, vocab={self.vocab_size})"
@@ -166,6 +176,9 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
         Run one-token decode steps compiled with ``torch.compile`` on fixed shapes (on
         CUDA with CUDA graphs, mode ``"reduce-overhead"``; a string names another mode).
         The first steps of each new shape compile (seconds); it pays for long decodes.
+        A shape is a number of rows and a buffer capacity (a power of two); dynamo's
+        per-function limit of compiled shapes is raised to :data:`COMPILED_SHAPES`
+        (a process-wide setting) so that batch sizes and lengths do not fall back to eager.
 
     Returns
     -------
