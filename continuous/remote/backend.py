@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from continuous.remote.checkpoint import load_config, model_class, read_weights
 from continuous.remote.memory import MemoryBudget, SessionCache
@@ -36,25 +39,54 @@ class Step:
     position_ids: torch.Tensor | None = None
 
 
+class _PerSession(list):
+    """Keys, values or masks of a batched step, one per session (see :func:`_attention`)."""
+
+
 class _BatchCache:
     """The caches of the sessions of one batched step, seen by attention layers as one.
 
     ``update`` writes each session's new keys and values into its own cache and returns
-    all sessions' keys and values stacked, padded to ``total`` slots.
+    views of every session's keys and values, unpadded and uncopied: attention then runs
+    for each session on its own cache, as it does when the session is alone.
     """
 
-    def __init__(self, caches: list[SessionCache], total: int):
-        self.caches, self.total = caches, total
+    def __init__(self, caches: list[SessionCache]):
+        self.caches = caches
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
-        keys, values, row = [], [], 0
+        keys, values, row = _PerSession(), _PerSession(), 0
         for cache in self.caches:
             k, v = cache.update(key[row : row + cache.rows], value[row : row + cache.rows], layer_idx)
-            pad = (0, 0, 0, self.total - k.shape[2])
-            keys.append(nn.functional.pad(k, pad))
-            values.append(nn.functional.pad(v, pad))
+            keys.append(k)
+            values.append(v)
             row += cache.rows
-        return torch.cat(keys), torch.cat(values)
+        return keys, values
+
+
+#: The attention implementation of every loaded block (registered with transformers).
+_ATTENTION = "continuous_per_session"
+
+
+def _attention(module: nn.Module, query: torch.Tensor, key, value, attention_mask, **kwargs):
+    """Attention of a step: the block's own implementation, once per session of a batch.
+
+    The projections and MLPs of a batch run on all rows at once; attention, which reads
+    each session's own cache, runs per session on its rows, exactly as alone: no keys
+    are copied into a padded batch, and each session keeps sdpa's causal path when it
+    has no mask.
+    """
+    inner = module.continuous_attention
+    if not isinstance(key, _PerSession):
+        return inner(module, query, key, value, attention_mask, **kwargs)
+    outs, row = [], 0
+    for k, v, mask in zip(key, value, attention_mask):
+        outs.append(inner(module, query[row : row + k.shape[0]], k, v, mask, **kwargs)[0])
+        row += k.shape[0]
+    return torch.cat(outs), None
+
+
+AttentionInterface.register(_ATTENTION, _attention)
 
 
 class Blocks(nn.Module):
@@ -94,9 +126,15 @@ class Blocks(nn.Module):
             prefix = f"model.layers.{i}."
             state = {k[len(prefix):]: v.to(dtype) for k, v in weights.items() if k.startswith(prefix)}
             layer.load_state_dict(state, strict=True, assign=True)
+            # The implementation the config asks for (the model's own eager one by default),
+            # which _attention runs for each session of a batch.
+            attention = layer.self_attn
+            attention.continuous_attention = ALL_ATTENTION_FUNCTIONS.get_interface(
+                config._attn_implementation, sys.modules[type(attention).__module__].eager_attention_forward)
             layers.append(layer.eval())
         self.layers = nn.ModuleList(layers)
         self.rotary = rotary_cls(config=config).to(dtype).eval()
+        config._attn_implementation = _ATTENTION
         logger.info("loaded blocks %d:%d of %s", start, end, model_path)
 
     def cache_nbytes(self, n_blocks: int, batch_size: int, max_length: int) -> int:
@@ -126,14 +164,14 @@ class Blocks(nn.Module):
         """Run the steps of several sessions, all of ``n`` new tokens, as one forward of blocks ``start:end``.
 
         Each session keeps its own cache, positions and mask: the rows of all steps are
-        stacked, each attention layer reads every session's keys padded to the longest,
-        and the mask hides the padding. Row for row the result is that of each step alone,
+        stacked for the projections and MLPs, and attention runs per session on its own
+        cache (see :func:`_attention`). Row for row the result is that of each step alone,
         up to the rounding of differently shaped matrix products.
         """
         n = steps[0].hidden.shape[1]
         if any(s.hidden.shape[1] != n for s in steps):
             raise ValueError("the steps of a batch must all have the same number of new tokens")
-        masks = {w: [] for w in set(self.windows[start:end])}
+        masks = {w: _PerSession() for w in set(self.windows[start:end])}
         for s in steps:
             rows = s.hidden.shape[0]
             s.cache.prepare(s.start_position, rows, n, s.hypo_ids)
@@ -141,15 +179,13 @@ class Blocks(nn.Module):
                 s.position_ids = torch.arange(s.start_position, s.start_position + n).expand(rows, n)
             slot_positions = s.cache.write_positions(s.position_ids)
             for w, out in masks.items():
-                out.append(self._mask(s.start_position, n, s.attention_mask, slot_positions, w,
-                                      force=len(steps) > 1))
-        total = max(s.start_position + n for s in steps)
-        # Keys past a session's own length are padding: masked out for its rows.
-        mask = {w: torch.cat([nn.functional.pad(m, (0, total - m.shape[-1]), value=torch.finfo(self.dtype_).min)
-                              for m in ms]) if len(ms) > 1 else ms[0] for w, ms in masks.items()}
+                out.append(self._mask(s.start_position, n, s.attention_mask, slot_positions, w))
+        if len(steps) == 1:
+            mask, cache = {w: ms[0] for w, ms in masks.items()}, steps[0].cache
+        else:
+            mask, cache = masks, _BatchCache([s.cache for s in steps])
         x = torch.cat([s.hidden.to(self.dtype_) for s in steps])
         position_ids = torch.cat([s.position_ids for s in steps])
-        cache = steps[0].cache if len(steps) == 1 else _BatchCache([s.cache for s in steps], total)
         position_embeddings = self.rotary(x, position_ids)
         for i, layer in enumerate(self.layers[start - self.start : end - self.start], start):
             x = layer(x, attention_mask=mask[self.windows[i]], position_ids=position_ids, past_key_values=cache,
@@ -159,19 +195,18 @@ class Blocks(nn.Module):
         return [out.to(s.hidden.dtype) for out, s in zip(x.split([s.hidden.shape[0] for s in steps]), steps)]
 
     def _mask(self, start: int, n: int, attention_mask: torch.Tensor | None, positions: torch.Tensor,
-              window: int | None, force: bool = False) -> torch.Tensor | None:
+              window: int | None) -> torch.Tensor | None:
         """The additive attention mask of one step: the one place masks are built on the swarm.
 
         Keys are slots: a query sees the slots up to its own that ``attention_mask`` keeps,
         and, under a sliding window, only those less than ``window`` *positions* behind it.
         Positions, not slot distances: a row may have masked holes in the middle, and the
         window counts real tokens, as it does locally on the unpadded sequence. ``None``
-        (sdpa's own causal path) where that is the same, unless ``force``.
+        (sdpa's own causal path) where that is the same.
         """
         rows, total = positions.shape
         windowed = window is not None and int(positions.max() - positions.min()) >= window
-        if (attention_mask is None and not windowed and not self.needs_mask and not force
-                and (start == 0 or n == 1)):
+        if attention_mask is None and not windowed and not self.needs_mask and (start == 0 or n == 1):
             # Plain causal attention: sdpa's own causal path, the one the local model takes too.
             return None
         query = torch.arange(start, total)[:, None]

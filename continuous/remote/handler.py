@@ -39,7 +39,7 @@ _REPLY_COMPRESSIONS = (runtime_pb2.CompressionType.NONE, runtime_pb2.Compression
 _TENSOR_NAMES = ("hidden_states", "hypo_ids", "attention_mask", "position_ids")
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: the batcher tracks each session
 class Session:
     start: int
     end: int
@@ -82,7 +82,7 @@ class InferenceHandler:
     chunk_tokens
         Longest piece of a step run as one compute job.
     batch_window
-        Seconds the compute thread waits after a step for others to batch with it.
+        Slack, in seconds, on when the compute thread expects a mid-flight session's next step.
     """
 
     def __init__(self, blocks: Blocks, budget: MemoryBudget, max_length: int, session_timeout: float,
@@ -96,8 +96,8 @@ class InferenceHandler:
         self.streams: dict[str, int] = {}  # peer id -> streams open
         # One compute thread, off the event loop (the DHT and the streams keep being served
         # while a step computes), running concurrent sessions' steps as one forward.
-        self.sessions = 0  # open sessions: how many steps the compute thread may wait for
-        self.batcher = Batcher(blocks, window=batch_window, expected=lambda: self.sessions)
+        self.sessions = 0  # open sessions
+        self.batcher = Batcher(blocks, window=batch_window)
         self.tasks: set[asyncio.Task] = set()
         self.closing = False
 
@@ -127,6 +127,7 @@ class InferenceHandler:
         finally:
             if session is not None:
                 self.sessions -= 1
+                self.batcher.forget(session)
                 session.cache.release()
                 self.on_change()
             self.streams[peer] -= 1
@@ -220,7 +221,8 @@ class InferenceHandler:
             b = min(n, a + self.chunk_tokens)
             outs.append(await self.batcher.submit(session.start, session.end, Step(
                 session.cache, hidden[:, a:b], start + a, hypo_ids if a == 0 else None,
-                None if mask is None else mask[:, : start + b], None if positions is None else positions[:, a:b])))
+                None if mask is None else mask[:, : start + b], None if positions is None else positions[:, a:b]),
+                session))
         return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
 
     def _check_step(self, session: Session, metadata: dict, tensors: list[torch.Tensor]):

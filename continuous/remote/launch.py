@@ -26,10 +26,13 @@ class Server:
 
     def __init__(self, model_dir: Path, blocks: str, initial_peers: list[str], log_dir: Path, *,
                  cache_bytes: int = 2**30, max_length: int = 2048, session_timeout: float = 300.0,
-                 update_period: float = 2.0):
+                 update_period: float = 2.0, threads: int = 1):
+        # One torch thread by default: the servers of a local swarm share the cores with each
+        # other and with the clients, and more threads per process only fight over them.
         cmd = [sys.executable, "-m", "continuous.server", "--model", str(model_dir), "--blocks", blocks,
                "--cache-bytes", str(cache_bytes), "--max-length", str(max_length),
-               "--session-timeout", str(session_timeout), "--update-period", str(update_period)]
+               "--session-timeout", str(session_timeout), "--update-period", str(update_period),
+               "--threads", str(threads)]
         cmd += ["--initial-peers", *initial_peers] if initial_peers else ["--new-swarm"]
         self.blocks = blocks
         self.log = log_dir / f"server-{blocks.replace(':', '_')}-{time.monotonic_ns()}.log"
@@ -111,7 +114,7 @@ class Swarm:
     log_dir
         Where each server's stderr goes.
     **server_options
-        ``cache_bytes``, ``max_length``, ``session_timeout``, ``update_period`` of every server.
+        ``cache_bytes``, ``max_length``, ``session_timeout``, ``update_period``, ``threads`` of every server.
     """
 
     def __init__(self, model_dir: Path, log_dir: Path, **server_options):

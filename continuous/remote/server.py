@@ -174,6 +174,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--update-period", type=float, default=10.0, help="seconds between DHT announcements")
     parser.add_argument("--open-timeout", type=float, default=5.0, help="seconds a new stream has to open a session")
     parser.add_argument("--max-streams-per-peer", type=int, default=64, help="streams one peer may hold at once")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of the compute (default: torch's, one per core)")
     args = parser.parse_args(argv)
     try:
         args.start, args.end = (int(x) for x in args.blocks.split(":"))
@@ -214,6 +216,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(max(1, args.threads or torch.get_num_threads()))
     asyncio.run(_serve(args))
     sys.exit(0)
