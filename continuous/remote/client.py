@@ -175,6 +175,22 @@ class _Span:
     server: ServerSession | None = None
     inputs: torch.Tensor | None = None  # [rows, position, hidden] of the positions the servers hold
     synced: bool = True  # whether the server holds exactly the committed history
+    # The storage ``inputs`` is a prefix of, with room to append, when this span alone holds
+    # it: a step then writes its inputs in place instead of copying the whole history.
+    room: torch.Tensor | None = None
+
+    def commit(self, start: int, hypo_ids: torch.Tensor | None, new: torch.Tensor, max_length: int) -> None:
+        """The history becomes its first ``start`` positions (rows ``hypo_ids``) followed by ``new``."""
+        end = start + new.shape[1]
+        room = self.room
+        if (room is None or hypo_ids is not None or room.shape[0] != new.shape[0] or room.shape[1] < end
+                or room.dtype != new.dtype):
+            room = new.new_empty(new.shape[0], min(max_length, max(2 * end, 64)), new.shape[2])
+            if start > 0:
+                room[:, :start] = self.inputs[:, :start] if hypo_ids is None else self.inputs[hypo_ids, :start]
+            self.room = room
+        room[:, start:end] = new
+        self.inputs = room[:, :end]
 
 
 class InferenceSession:
@@ -345,7 +361,7 @@ class InferenceSession:
             i += 1
 
         for span, inputs in stepped:
-            span.inputs = inputs if start == 0 else torch.cat([keep(span.inputs), inputs], 1)
+            span.commit(start, hypo_ids, inputs, self.max_length)
             span.synced = True
         self._positions, self._mask, self._rows, self._position = positions, mask, rows, start + n
         return x.to(device=hidden_states.device, dtype=hidden_states.dtype)
@@ -362,8 +378,10 @@ class InferenceSession:
                                 batch_size=self.batch_size, idle_timeout=self.idle_timeout,
                                 step_timeout=self.step_timeout, max_retries=self.max_retries,
                                 compression=self.compression, replay_chunk=self.replay_chunk)
-        # Histories are never modified in place (steps build new tensors), so sharing them is safe.
+        # The two sessions share the histories, which neither may then write in place.
         fork._spans = [_Span(span.start, span.end, None, span.inputs) for span in self._spans]
+        for span in self._spans:
+            span.room = None
         fork._position, fork._rows, fork._positions, fork._mask = (self._position, self._rows, self._positions,
                                                                    self._mask)
         fork.output_ids, fork.hf_position = self.output_ids, self.hf_position

@@ -177,9 +177,9 @@ def _frames(metadata: dict, tensors: list[torch.Tensor], compression: int, respo
 async def write_message(writer: asyncio.StreamWriter, metadata: dict, tensors: list[torch.Tensor] = (),
                         *, compression: int = runtime_pb2.CompressionType.NONE, response: bool = False) -> None:
     """Send one message (metadata and tensors) as one or more frames."""
-    for frame in _frames(metadata, list(tensors), compression, response):
-        writer.write(len(frame).to_bytes(_HEADER, "big"))
-        writer.write(frame)
+    # One write for the whole message: each write is a system call, and a step's reply is small.
+    writer.write(b"".join(len(frame).to_bytes(_HEADER, "big") + frame
+                          for frame in _frames(metadata, list(tensors), compression, response)))
     await writer.drain()
 
 

@@ -132,13 +132,20 @@ class Server:
             logger.warning("announcing in the DHT failed: %r", e)
 
     async def _announce_loop(self) -> None:
+        # Every update_period, and sooner when the free cache changed: not after every step,
+        # which under load would keep the DHT (ours and our peers') busy for nothing.
+        announced, last = self.budget.free_bytes, asyncio.get_running_loop().time()
         while True:
             try:
-                await asyncio.wait_for(self._changed_event.wait(), self.update_period)
+                await asyncio.wait_for(self._changed_event.wait(),
+                                       max(0.0, last + self.update_period - asyncio.get_running_loop().time()))
             except asyncio.TimeoutError:
                 pass
             self._changed_event.clear()
-            await self._announce(ONLINE)
+            now = asyncio.get_running_loop().time()
+            if self.budget.free_bytes != announced or now >= last + self.update_period:
+                announced, last = self.budget.free_bytes, now
+                await self._announce(ONLINE)
 
     async def shutdown(self) -> None:
         """Leave the DHT, close the sessions, stop the daemon (each stage bounded in time)."""
