@@ -14,7 +14,8 @@ one process and get the same ids, prefill, dtype and max tokens:
 - multiturn: the ``multiturn`` benchmark's workload, eager and compiled, against the
   ideal loop and outlines (both eager: neither has a compiled path for it);
 - constraint: 64 tokens under the ``constraint`` benchmark's schema against free text,
-  eager and compiled;
+  eager and compiled, with JSON as is and written compactly (as the
+  ``fastforward`` benchmark: forced runs in one step, compiled at widths up to 8);
 - long: a 15k-token prompt + 16 tokens: seconds (from text, tokenizing included) and
   peak memory above the weights, against HF ``generate``; each warmed up once;
 - fork: 8 samples x 32 tokens from a 512-token prompt, against HF ``generate``'s
@@ -144,6 +145,8 @@ def main():
             {"": model, "_compiled": compiled}, tok, args, device).items()}
         for suffix in ("", "_compiled"):
             row(f"JSON vs free ms/token{suffix.replace('_', ' ')}", c["json" + suffix], c["free" + suffix])
+            row(f"JSON fast-forward vs free ms/token{suffix.replace('_', ' ')}", c["json_ff" + suffix],
+                c["free" + suffix])
     if "long" in want:
         long = result["long"] = long_prompt(hf, tok, model, long_len, device)
         row(f"{long_len}-token prompt s", long["seconds"]["continuous"], long["seconds"]["hf"])
@@ -202,8 +205,9 @@ def constraint(ours, tok, args, device):
     prompt = random_text(tok, 128, seed=5) + "\nA record as JSON: "
     out = {}
     for suffix, model in ours.items():
-        for name, g in (("free", generate.text(model)), ("json", generate.json(model, Item))):
-            gen = continuous(g)
+        for name, g, ff in (("free", generate.text(model), False), ("json", generate.json(model, Item), True),
+                            ("json_ff", generate.json(model, Item, whitespace_pattern=""), True)):
+            gen = continuous(g, fast_forward=ff)
             base = gen(prompt, max_tokens=0)
             gen(base, max_tokens=n)  # warm up (compiles the shapes of a compiled model)
             per = []

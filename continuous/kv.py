@@ -236,13 +236,24 @@ class ForwardCache(Cache):
             if self._buffer.filled == self.end:
                 self._buffer.filled = self.start
 
+    def trim(self, n: int) -> None:
+        """Keep only the first ``n`` slots written (pads of a compiled step were written past them).
+
+        The pads' slots go back to the buffer: the next forward claims and overwrites them.
+        """
+        end = self.start + n
+        with self._buffer.lock:
+            if self._buffer.filled == self.end:
+                self._buffer.filled = end
+        self.end = end
+
     def result(self) -> KVCache:
         """The view covering ``[0, start + n_new)`` after the forward wrote it."""
         return KVCache(self._buffer, self.end)
 
 
 class _StaticLayer(_Layer):
-    """A layer of :class:`StaticStepCache`: writes one slot at a tensor index, returns the whole capacity."""
+    """A layer of :class:`StaticStepCache`: writes its slots at tensor indices, returns the whole capacity."""
 
     is_compileable = True
     is_croppable = False
@@ -257,18 +268,18 @@ class _StaticLayer(_Layer):
         return self.owner.capacity, 0
 
     def get_seq_length(self) -> int:
-        return self.owner.write_at
+        return self.owner.write_at[0]
 
     def get_max_length(self) -> int:
         return self.owner.capacity
 
 
 class StaticStepCache(Cache):
-    """The transformers ``Cache`` of a compiled one-token decode step: fixed shapes throughout.
+    """The transformers ``Cache`` of a compiled decode step: fixed shapes throughout.
 
-    Every layer writes its new slot at ``write_at`` (a 0-d tensor, so that a compiled
-    step is not specialized on it) into the full-capacity buffer and attends over all
-    of it; the masks say which slots count. Build it from a :class:`ForwardCache` that
+    Every layer writes its new slots at ``write_at`` (a tensor of slot indices, so that
+    a compiled step is not specialized on where it writes) into the full-capacity buffer
+    and attends over all of it; the masks say which slots count. Build it from a :class:`ForwardCache` that
     claimed the slot, so copy on write and the tip's lock work as for any forward.
     """
 

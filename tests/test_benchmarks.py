@@ -107,7 +107,7 @@ def test_gpu_benchmark_runs_on_the_cpu():
     assert set(result["decode_ms"]) == {"continuous", "continuous_compiled", "hf_dynamic", "hf_static", "floor"}
     assert result["decode_ms"]["hf_static"] is None  # HF's static cache compiles for CUDA only
     assert set(result["multiturn_s"]) == {"continuous", "continuous_compiled", "ideal", "outlines"}
-    assert set(result["constraint_ms"]) == {"free", "json", "free_compiled", "json_compiled"}
+    assert set(result["constraint_ms"]) == {"free", "json", "json_ff", "free_compiled", "json_compiled", "json_ff_compiled"}
     assert result["long"]["tokens"] >= 500 and set(result["long"]["seconds"]) == {"continuous", "hf"}
     assert set(result["fork_s"]) == {"continuous", "hf"}
     assert all(v > 0 for section in ("multiturn_s", "constraint_ms", "fork_s") for v in result[section].values())

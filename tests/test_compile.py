@@ -69,3 +69,34 @@ def test_every_batch_size_stays_compiled_past_dynamos_default_limit():
     for rows in range(1, 11):  # ten shapes: dynamo alone would stop compiling after eight
         assert list(gen(["Hi"] * rows, max_tokens=3)) == list(eager(["Hi"] * rows, max_tokens=3))
     assert counters["stats"]["unique_graphs"] - graphs == 10
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma2"])
+def test_a_short_run_of_tokens_is_one_compiled_step(arch):
+    hf, tok = build_arch(arch, max_position_embeddings=256)
+    eager = models.transformers(hf, tok)
+    compiled = models.transformers(hf, tok, compile=True)
+    compiled.compiled = torch.compile(compiled._step, backend="eager", dynamic=False)  # dynamo's graphs only
+    calls = []
+    step = compiled._static_step
+    compiled._static_step = lambda ids, *a: calls.append(ids.shape[1]) or step(ids, *a)
+    ids = tok("User: Tell me about Omar and his twelve cats, one by one.", return_tensors="pt").input_ids
+    run = tok(" One, two and three", add_special_tokens=False, return_tensors="pt").input_ids[:, :3]
+    results = []
+    for model in (eager, compiled):
+        _, cache = model.forward(ids, None, None)  # a prefill: eager in both
+        logits, after = model.forward(run, None, cache)  # three tokens: padded to a width of 4
+        nxt, _ = model.forward(run[:, -1:], None, after)  # reads the three slots written
+        results.append((logits, nxt, after))
+    assert calls == [4, 1]
+    (l1, n1, a1), (l2, n2, a2) = results
+    assert torch.allclose(l1[:, -1], l2[:, -1], atol=1e-4) and torch.allclose(n1, n2, atol=1e-4)
+    # The pads' slots went back: the state of the run is its buffer's tip again.
+    assert a2.length == ids.shape[1] + 3 and a2._buffer.filled == a2.length + 1
+    # The tokens a constraint forces run compiled too, with the same text.
+    schema = '{"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, ' \
+             '"required": ["name", "age"]}'
+    texts = [str(continuous(generate.json(m, schema, whitespace_pattern=""))("Omar as JSON:", max_tokens=24))
+             for m in (eager, compiled)]
+    assert texts[0] == texts[1]
+    assert any(1 < w <= 8 for w in calls[2:])

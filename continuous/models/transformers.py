@@ -21,6 +21,9 @@ _WRAPPED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 #: How many shapes a compiled decode step may be compiled for (``torch._dynamo``'s
 #: ``recompile_limit`` is raised to it): rows x capacities x with or without a mask.
 COMPILED_SHAPES = 64
+#: The longest run of tokens (a constraint's forced tokens) a compiled step forwards at
+#: once, padded to 2, 4 or 8; longer runs and prefills run eagerly.
+COMPILED_WIDTH = 8
 
 
 class Transformers:
@@ -59,9 +62,9 @@ class Transformers:
         self._arange = None
         self.compile = compile
         if compile:
-            # One-token decode steps run compiled, on fixed shapes (a buffer's capacity), so
-            # that nothing is specialized on the step; on CUDA "reduce-overhead" also
-            # captures them in CUDA graphs. Prefills stay eager.
+            # Decode steps (one token, or a short forced run) run compiled, on fixed shapes
+            # (a buffer's capacity), so that nothing is specialized on the step; on CUDA
+            # "reduce-overhead" also captures them in CUDA graphs. Prefills stay eager.
             mode = compile if isinstance(compile, str) else ("reduce-overhead" if self.device.type == "cuda" else None)
             self.compiled = torch.compile(self._step, mode=mode, dynamic=False)
             # Each (rows, capacity, mask kind) is a shape of its own. Past dynamo's
@@ -93,14 +96,19 @@ class Transformers:
                 n_real = int(attention_mask[:, start:].sum())
             mask = attention_mask.to(device, non_blocking=True)
             positions = (mask.long().cumsum(-1)[:, start:] - 1).clamp(min=0)
-        fc = ForwardCache(cache, rows, n, self.kinds)
-        if self.compiled is not None and n == 1 and len(fc._buffer.keys) == len(self.kinds):
+        width = self._compiled_width(n, mask, cache, logits_to_keep)
+        fc = ForwardCache(cache, rows, width or n, self.kinds)
+        if width:
             try:
-                logits = self._static_step(input_ids, mask, fc)
+                # Pads after the real tokens fill the width: real tokens never attend to
+                # them (causal), and their slots go back to the buffer afterwards.
+                padded = torch.cat([input_ids, input_ids[:, -1:].expand(rows, width - n)], 1)
+                logits = self._static_step(padded, mask, fc, n)
             except BaseException:
                 fc.abort()
                 raise
-            self.stats.record(n_real, rows)
+            fc.trim(n)
+            self.stats.record(n_real, rows * width)
             return logits, fc.result()
         try:
             with torch.inference_mode():
@@ -115,28 +123,48 @@ class Transformers:
         return out.logits.float(), fc.result()
 
 
-    def _static_step(self, input_ids: torch.Tensor, mask: torch.Tensor | None, fc: ForwardCache) -> torch.Tensor:
-        """One decode step on fixed shapes: the whole capacity, masks saying which slots count.
+    def _compiled_width(self, n: int, mask, cache: KVCache | None, logits_to_keep: int) -> int:
+        """The width a compiled step forwards ``n`` tokens at (0: run eagerly).
 
-        Nothing here copies from the host: the slot written and the positions are views
-        of a device ``arange``, so the step is queued while the GPU still runs the last one.
+        One token, or (with every slot real and only the last logits kept) a short run
+        such as the tokens a constraint forces, padded to a power of two so that few
+        widths are ever compiled.
         """
-        rows, start, capacity = input_ids.shape[0], fc.start, fc._buffer.capacity
+        if self.compiled is None or cache is None or len(cache._buffer.keys) != len(self.kinds):
+            return 0  # a fresh buffer is allocated by an eager prefill
+        if n == 1:
+            return 1
+        if mask is not None or logits_to_keep != 1 or n > COMPILED_WIDTH:
+            return 0
+        return 1 << (n - 1).bit_length()
+
+    def _static_step(self, input_ids: torch.Tensor, mask: torch.Tensor | None, fc: ForwardCache,
+                     n_real: int = 1) -> torch.Tensor:
+        """A step on fixed shapes: the whole capacity, masks saying which slots count.
+
+        ``input_ids`` is ``[rows, width]``, the first ``n_real`` columns real; the logits
+        are those after the last real one. Nothing here copies from the host: the slots
+        written and the positions are views of a device ``arange``, so the step is queued
+        while the GPU still runs the last one.
+        """
+        (rows, width), start, capacity = input_ids.shape, fc.start, fc._buffer.capacity
         slots = self._slots(capacity)
-        write_at = slots[start]
-        if mask is None:  # every slot up to this one is real: positions are the slots
-            full = slots.expand(rows, capacity) <= write_at
+        write_at = slots[start : start + width]
+        if mask is None:  # every slot up to the queries is real: positions are the slots
+            full = (slots[None, :] <= write_at[:, None]).expand(rows, width, capacity)
             positions = slots.expand(rows, capacity)
-            query = slots[start : start + 1].repeat(rows, 1)
-        else:
+            query = write_at.expand(rows, width)
+        else:  # one token (see _compiled_width)
             full = torch.zeros((rows, capacity), dtype=torch.bool, device=self.device)
             full[:, : start + 1] = mask.bool()
             positions = full.long().cumsum(-1) - 1
             query = positions[:, start : start + 1].clamp(min=0).contiguous()
-        keys = full[:, None, None, :]
+            full = full[:, None, :]
+        keys = full[:, None, :, :]
         masks = keys
         if any(self.kinds):
-            window = keys & ((query - positions) < self.model.config.sliding_window)[:, None, None, :]
+            near = (query[:, :, None] - positions[:, None, :]) < self.model.config.sliding_window
+            window = keys & near[:, None, :, :]
             masks = window if all(self.kinds) else {"full_attention": keys, "sliding_attention": window}
         if self.model.config._attn_implementation == "eager":  # eager attention adds its mask
             low = torch.finfo(self.dtype).min
@@ -145,7 +173,7 @@ class Transformers:
         cache = StaticStepCache.of(fc, self.kinds, write_at)
         with torch.inference_mode():
             # A copy: a CUDA graph's outputs live in its pool, and its next replay writes there.
-            return self.compiled(input_ids, query, masks, cache).clone()
+            return self.compiled(input_ids, query, masks, cache, slots[n_real - 1 : n_real]).clone()
 
     def _slots(self, capacity: int) -> torch.Tensor:
         """``arange(capacity)`` on the model's device, made once per capacity."""
@@ -154,9 +182,9 @@ class Transformers:
             table = self._arange = torch.arange(max(capacity, 1024), device=self.device)
         return table[:capacity]
 
-    def _step(self, input_ids, position_ids, masks, cache):
+    def _step(self, input_ids, position_ids, masks, cache, keep):
         return self.model(input_ids=input_ids, attention_mask=masks, position_ids=position_ids,
-                          past_key_values=cache, use_cache=True, logits_to_keep=1).logits.float()
+                          past_key_values=cache, use_cache=True, logits_to_keep=keep).logits.float()
 
 
 def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, compile: bool | str = False,
@@ -173,7 +201,8 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
     device, dtype
         Where and in which dtype to load or move the model.
     compile
-        Run one-token decode steps compiled with ``torch.compile`` on fixed shapes (on
+        Run decode steps (one token, or a run of up to :data:`COMPILED_WIDTH` tokens a
+        constraint forces) compiled with ``torch.compile`` on fixed shapes (on
         CUDA with CUDA graphs, mode ``"reduce-overhead"``; a string names another mode).
         The first steps of each new shape compile (seconds); it pays for long decodes.
         A shape is a number of rows and a buffer capacity (a power of two); dynamo's
