@@ -6,7 +6,8 @@ At batch 1 a decode step reads every weight it uses once, so those bytes / bandw
 is the least time a token can take. A step reads one row of the input embedding, not
 the table, so the table is left out (as gpt-fast counts) unless it is tied to the LM
 head, which reads all of it. Bandwidth is measured with a large tensor copy (bytes read
-plus bytes written, per second).
+plus bytes written, per second). A bare sweep of one GEMV per weight matrix shows what
+torch's kernels reach on these cores, with no model around them.
 """
 
 from __future__ import annotations
@@ -47,23 +48,48 @@ def step_weight_bytes(hf) -> int:
     return total - embedding.numel() * embedding.element_size() + embedding[0].numel() * embedding.element_size()
 
 
+def gemv_sweep(hf) -> float:
+    """Seconds of a bare sweep over the weights a step reads: one GEMV per weight matrix.
+
+    What torch's own kernels reach on these cores with no model around them (no
+    attention, norms, Python or cache): the floor that a torch decode can approach.
+    """
+    embedding = hf.get_input_embeddings().weight
+    tied = hf.get_output_embeddings() is not None and hf.get_output_embeddings().weight is embedding
+    weights = [p for p in hf.parameters() if p.dim() == 2 and (p is not embedding or tied)]
+    inputs = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights}
+
+    def sweep():
+        for w in weights:
+            torch.nn.functional.linear(inputs[w.shape[1]], w)
+
+    with torch.inference_mode():
+        sweep()  # warm
+        return min(timed(sweep)[1] for _ in range(20))
+
+
 def main():
     args, size, hf, tok, model = setup(__doc__)
     gen = continuous(generate.text(model))
     n = 32 if args.quick else 128
     weight_bytes = step_weight_bytes(hf)
     base = gen(random_text(tok, 32, seed=9), max_tokens=0)
-    per_token, floors = [], []
+    per_token, floors, sweeps = [], [], []
     for _ in range(args.reps):
         floors.append(weight_bytes / bandwidth())
+        sweeps.append(gemv_sweep(hf))
         before = model.stats.forward_calls
         _, t = timed(lambda: gen(base, max_tokens=n))
         per_token.append(t / (model.stats.forward_calls - before))
-    ms, floor_ms = median(per_token) * 1e3, median(floors) * 1e3
+    ms, floor_ms, sweep_ms = median(per_token) * 1e3, median(floors) * 1e3, median(sweeps) * 1e3
     table = [("", "ms/token"), ("greedy decode", f"{ms:.2f}"), ("bandwidth floor", f"{floor_ms:.2f}"),
-             ("ratio", f"{ms / floor_ms:.2f}"), ("weights MB", f"{weight_bytes / 1e6:.0f}")]
+             ("ratio", f"{ms / floor_ms:.2f}"), ("bare GEMV sweep", f"{sweep_ms:.2f}"),
+             ("sweep / floor", f"{sweep_ms / floor_ms:.2f}"), ("decode / sweep", f"{ms / sweep_ms:.2f}"),
+             ("weights MB", f"{weight_bytes / 1e6:.0f}")]
     result = {"bench": "floor", "model": size, "ms_per_token": round(ms, 3),
-              "floor_ms_per_token": round(floor_ms, 3), "bars": {"ratio": round(ms / floor_ms, 3)}}
+              "floor_ms_per_token": round(floor_ms, 3), "gemv_sweep_ms": round(sweep_ms, 3),
+              "bars": {"ratio": round(ms / floor_ms, 3), "sweep_vs_floor": round(sweep_ms / floor_ms, 3),
+                       "decode_vs_sweep": round(ms / sweep_ms, 3)}}
     emit("floor", table, result, args.save)
 
 

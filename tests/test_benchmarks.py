@@ -18,7 +18,7 @@ KEYS = {
     "constraint": {"ms_per_token": {"unconstrained", "json", "outlines_json"}, "build_ms": {"cold", "warm"}},
     "stateops": {"ops": None},
     "fork": {"tokens": {"continuous", "outlines", "expected"}, "seconds": {"continuous", "outlines"}},
-    "floor": {"ms_per_token": None, "floor_ms_per_token": None},
+    "floor": {"ms_per_token": None, "floor_ms_per_token": None, "gemv_sweep_ms": None},
     "decode": {"ms_per_token": {"100", "1000"}},
     "swarm": {"identical": None, "ms_per_token": {"local", "remote"}, "failover": {"identical", "recovery_s"}},
 }
