@@ -26,6 +26,13 @@ def bandwidth(n_bytes: int = 1 << 30, reps: int = 5) -> float:
     return 2 * n_bytes / best
 
 
+def _input_embedding(hf) -> tuple[torch.Tensor, bool]:
+    """The input embedding table, and whether the LM head is tied to it (then a step reads it all)."""
+    embedding = hf.get_input_embeddings().weight
+    head = hf.get_output_embeddings()
+    return embedding, head is not None and head.weight is embedding
+
+
 def step_weight_bytes(hf) -> int:
     """Bytes of the weights one decode step of one token reads.
 
@@ -40,10 +47,9 @@ def step_weight_bytes(hf) -> int:
         Every parameter once (tied ones once), less the input embedding table plus the
         one row a token looks up; a table tied to the LM head counts whole.
     """
-    embedding = hf.get_input_embeddings().weight
-    head = hf.get_output_embeddings()
+    embedding, tied = _input_embedding(hf)
     total = sum(p.numel() * p.element_size() for p in hf.parameters())
-    if head is not None and head.weight is embedding:
+    if tied:
         return total
     return total - embedding.numel() * embedding.element_size() + embedding[0].numel() * embedding.element_size()
 
@@ -54,8 +60,7 @@ def gemv_sweep(hf) -> float:
     What torch's own kernels reach on these cores with no model around them (no
     attention, norms, Python or cache): the floor that a torch decode can approach.
     """
-    embedding = hf.get_input_embeddings().weight
-    tied = hf.get_output_embeddings() is not None and hf.get_output_embeddings().weight is embedding
+    embedding, tied = _input_embedding(hf)
     weights = [p for p in hf.parameters() if p.dim() == 2 and (p is not embedding or tied)]
     inputs = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights}
 

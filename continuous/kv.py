@@ -232,20 +232,15 @@ class ForwardCache(Cache):
 
     def abort(self) -> None:
         """Give back the claimed slots after a failed forward: the continued view stays the tip."""
-        with self._buffer.lock:
-            if self._buffer.filled == self.end:
-                self._buffer.filled = self.start
+        self.trim(0)
 
     def trim(self, n: int) -> None:
         """Keep only the first ``n`` slots written (pads of a compiled step were written past them).
 
-        The pads' slots go back to the buffer: the next forward claims and overwrites them.
+        The slots past them go back to the buffer: the next forward claims and overwrites them.
         """
-        end = self.start + n
-        with self._buffer.lock:
-            if self._buffer.filled == self.end:
-                self._buffer.filled = end
-        self.end = end
+        self.result().release(self.start + n)
+        self.end = self.start + n
 
     def result(self) -> KVCache:
         """The view covering ``[0, start + n_new)`` after the forward wrote it."""
@@ -279,8 +274,9 @@ class StaticStepCache(Cache):
 
     Every layer writes its new slots at ``write_at`` (a tensor of slot indices, so that
     a compiled step is not specialized on where it writes) into the full-capacity buffer
-    and attends over all of it; the masks say which slots count. Build it from a :class:`ForwardCache` that
-    claimed the slot, so copy on write and the tip's lock work as for any forward.
+    and attends over all of it; the masks say which slots count. Build it from a
+    :class:`ForwardCache` that claimed the slots, so copy on write and the tip's lock
+    work as for any forward.
     """
 
     def __init__(self, buf: _Buffer, layer_kinds: list[bool], write_at: torch.Tensor):

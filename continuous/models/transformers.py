@@ -100,10 +100,11 @@ class Transformers:
         fc = ForwardCache(cache, rows, width or n, self.kinds)
         if width:
             try:
-                # Pads after the real tokens fill the width: real tokens never attend to
-                # them (causal), and their slots go back to the buffer afterwards.
-                padded = torch.cat([input_ids, input_ids[:, -1:].expand(rows, width - n)], 1)
-                logits = self._static_step(padded, mask, fc, n)
+                if width > n:
+                    # Pads after the real tokens fill the width: real tokens never attend
+                    # to them (causal), and their slots go back to the buffer afterwards.
+                    input_ids = torch.cat([input_ids, input_ids[:, -1:].expand(rows, width - n)], 1)
+                logits = self._static_step(input_ids, mask, fc, n)
             except BaseException:
                 fc.abort()
                 raise
