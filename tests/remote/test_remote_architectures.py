@@ -42,6 +42,10 @@ def test_prefill_and_decode_equal_transformers(arch):
         outs.append(blocks.step(cache, 0, blocks.end, client.embed(ids[:, i:i + 1]), i, None, None, None))
     logits = client.logits(torch.cat(outs, 1))
     assert torch.allclose(logits, expected, atol=1e-4), (name, (logits - expected).abs().max())
+    # The head is stored transposed (the faster GEMV), and stays so through a dtype move.
+    vocab = model.config.vocab_size
+    assert client.lm_head.weight.stride() == (1, vocab)
+    assert client.to(torch.float64).lm_head.weight.stride() == (1, vocab)
 
 
 @torch.inference_mode()
