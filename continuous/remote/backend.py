@@ -40,7 +40,20 @@ class Step:
 
 
 class _PerSession(list):
-    """Keys, values or masks of a batched step, one per session (see :func:`_attention`)."""
+    """Keys, values or masks of a batched step, one per session (see :func:`_attention`).
+
+    ``shapes`` holds each session's (rows, new tokens): in a batched step the sessions'
+    new tokens lie end to end in one sequence (see :meth:`Blocks.step_batch`).
+    """
+
+    def __init__(self, items=(), shapes=()):
+        super().__init__(items)
+        self.shapes = list(shapes)
+
+
+def _unflatten(x: torch.Tensor, a: int, rows: int, n: int) -> torch.Tensor:
+    """A session's part of [1, heads, tokens, dim]: tokens ``a .. a + rows * n``, as [rows, heads, n, dim]."""
+    return x[0, :, a : a + rows * n].unflatten(1, (rows, n)).transpose(0, 1)
 
 
 class _BatchCache:
@@ -51,16 +64,16 @@ class _BatchCache:
     for each session on its own cache, as it does when the session is alone.
     """
 
-    def __init__(self, caches: list[SessionCache]):
-        self.caches = caches
+    def __init__(self, caches: list[SessionCache], shapes: list[tuple[int, int]]):
+        self.caches, self.shapes = caches, shapes
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
-        keys, values, row = _PerSession(), _PerSession(), 0
-        for cache in self.caches:
-            k, v = cache.update(key[row : row + cache.rows], value[row : row + cache.rows], layer_idx)
+        keys, values, a = _PerSession(shapes=self.shapes), _PerSession(shapes=self.shapes), 0
+        for cache, (rows, n) in zip(self.caches, self.shapes):
+            k, v = cache.update(_unflatten(key, a, rows, n), _unflatten(value, a, rows, n), layer_idx)
             keys.append(k)
             values.append(v)
-            row += cache.rows
+            a += rows * n
         return keys, values
 
 
@@ -71,19 +84,20 @@ _ATTENTION = "continuous_per_session"
 def _attention(module: nn.Module, query: torch.Tensor, key, value, attention_mask, **kwargs):
     """Attention of a step: the block's own implementation, once per session of a batch.
 
-    The projections and MLPs of a batch run on all rows at once; attention, which reads
-    each session's own cache, runs per session on its rows, exactly as alone: no keys
-    are copied into a padded batch, and each session keeps sdpa's causal path when it
-    has no mask.
+    The projections and MLPs of a batch run on all its tokens at once; attention, which
+    reads each session's own cache, runs per session on its rows and tokens, exactly as
+    alone: no keys are copied into a padded batch, and each session keeps sdpa's causal
+    path when it has no mask.
     """
     inner = module.continuous_attention
     if not isinstance(key, _PerSession):
         return inner(module, query, key, value, attention_mask, **kwargs)
-    outs, row = [], 0
-    for k, v, mask in zip(key, value, attention_mask):
-        outs.append(inner(module, query[row : row + k.shape[0]], k, v, mask, **kwargs)[0])
-        row += k.shape[0]
-    return torch.cat(outs), None
+    outs, a = [], 0
+    for k, v, mask, (rows, n) in zip(key, value, attention_mask, key.shapes):
+        out = inner(module, _unflatten(query, a, rows, n), k, v, mask, **kwargs)[0]  # [rows, n, heads, dim]
+        outs.append(out.flatten(0, 1))
+        a += rows * n
+    return torch.cat(outs)[None], None
 
 
 AttentionInterface.register(_ATTENTION, _attention)
@@ -161,19 +175,18 @@ class Blocks(nn.Module):
 
     @torch.inference_mode()
     def step_batch(self, start: int, end: int, steps: list["Step"]) -> list[torch.Tensor]:
-        """Run the steps of several sessions, all of ``n`` new tokens, as one forward of blocks ``start:end``.
+        """Run the steps of several sessions as one forward of blocks ``start:end``.
 
-        Each session keeps its own cache, positions and mask: the rows of all steps are
-        stacked for the projections and MLPs, and attention runs per session on its own
-        cache (see :func:`_attention`). Row for row the result is that of each step alone,
-        up to the rounding of differently shaped matrix products.
+        Each session keeps its own cache, positions and mask, and its own number of rows
+        and of new tokens (decode steps, prefill chunks, forced runs share one forward):
+        the new tokens of all steps lie end to end as one sequence for the projections and
+        MLPs, and attention runs per session on its own cache (see :func:`_attention`). Row
+        for row the result is that of each step alone, up to the rounding of differently
+        shaped matrix products.
         """
-        n = steps[0].hidden.shape[1]
-        if any(s.hidden.shape[1] != n for s in steps):
-            raise ValueError("the steps of a batch must all have the same number of new tokens")
         masks = {w: _PerSession() for w in set(self.windows[start:end])}
         for s in steps:
-            rows = s.hidden.shape[0]
+            rows, n = s.hidden.shape[:2]
             s.cache.prepare(s.start_position, rows, n, s.hypo_ids)
             if s.position_ids is None:
                 s.position_ids = torch.arange(s.start_position, s.start_position + n).expand(rows, n)
@@ -181,18 +194,25 @@ class Blocks(nn.Module):
             for w, out in masks.items():
                 out.append(self._mask(s.start_position, n, s.attention_mask, slot_positions, w))
         if len(steps) == 1:
-            mask, cache = {w: ms[0] for w, ms in masks.items()}, steps[0].cache
+            s = steps[0]
+            mask, cache, x, position_ids = {w: ms[0] for w, ms in masks.items()}, s.cache, s.hidden, s.position_ids
         else:
-            mask, cache = masks, _BatchCache([s.cache for s in steps])
-        x = torch.cat([s.hidden.to(self.dtype_) for s in steps])
-        position_ids = torch.cat([s.position_ids for s in steps])
+            shapes = [tuple(s.hidden.shape[:2]) for s in steps]
+            mask = {w: _PerSession(ms, shapes) for w, ms in masks.items()}
+            cache = _BatchCache([s.cache for s in steps], shapes)
+            x = torch.cat([s.hidden.flatten(0, 1) for s in steps])[None]
+            position_ids = torch.cat([s.position_ids.flatten() for s in steps])[None]
+        x = x.to(self.dtype_)
         position_embeddings = self.rotary(x, position_ids)
         for i, layer in enumerate(self.layers[start - self.start : end - self.start], start):
             x = layer(x, attention_mask=mask[self.windows[i]], position_ids=position_ids, past_key_values=cache,
                       position_embeddings=position_embeddings)
         for s in steps:
-            s.cache.commit(n)
-        return [out.to(s.hidden.dtype) for out, s in zip(x.split([s.hidden.shape[0] for s in steps]), steps)]
+            s.cache.commit(s.hidden.shape[1])
+        if len(steps) == 1:
+            return [x.to(steps[0].hidden.dtype)]
+        outs = x[0].split([s.hidden.shape[0] * s.hidden.shape[1] for s in steps])
+        return [out.unflatten(0, s.hidden.shape[:2]).to(s.hidden.dtype) for out, s in zip(outs, steps)]
 
     def _mask(self, start: int, n: int, attention_mask: torch.Tensor | None, positions: torch.Tensor,
               window: int | None) -> torch.Tensor | None:

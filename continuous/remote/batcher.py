@@ -1,8 +1,8 @@
 """The compute thread of a server: steps of concurrent sessions run as one forward.
 
 Sessions submit steps from the event loop; one thread takes everything queued, groups the
-steps that can share a forward (same blocks, same number of new tokens) and runs each group
-with :meth:`Blocks.step_batch`. After the first step of a round it waits, up to
+steps that can share a forward (the same blocks; any rows and numbers of new tokens, up to
+``max_tokens`` in all) and runs each group with :meth:`Blocks.step_batch`. After the first step of a round it waits, up to
 ``max_wait`` seconds, for the sessions that are *mid-flight*: those that stepped before,
 whose last step is done, and whose next step is due soon going by their own pace (the
 time they usually take between a reply and their next step), and for no more than half of
@@ -52,6 +52,10 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     pace: _Pace | None = None
 
+    @property
+    def tokens(self) -> int:
+        return self.step.hidden.shape[0] * self.step.hidden.shape[1]
+
     def resolve(self, result=None, error: BaseException | None = None) -> None:
         def set_():
             if not self.future.done():
@@ -72,8 +76,9 @@ class Batcher:
         The loaded blocks.
     window
         Slack, in seconds, on when a mid-flight session's next step is due.
-    max_rows
-        Most rows of one batched forward.
+    max_tokens
+        Most new tokens (rows times positions) of one batched forward; a step larger than
+        that runs alone.
     max_wait
         Longest wait after a first step for the steps of mid-flight sessions: one forward
         for many of them costs little more than one for a single step, so when the cores
@@ -85,9 +90,9 @@ class Batcher:
         of every stage idling while one forward serves all of them.
     """
 
-    def __init__(self, blocks: Blocks, window: float = 0.002, max_rows: int = 64, max_wait: float = 0.1,
+    def __init__(self, blocks: Blocks, window: float = 0.002, max_tokens: int = 256, max_wait: float = 0.1,
                  groups: int = 2):
-        self.blocks, self.window, self.max_rows = blocks, window, max_rows
+        self.blocks, self.window, self.max_tokens = blocks, window, max_tokens
         self.max_wait, self.groups = max_wait, groups
         self._paces: dict[object, _Pace] = {}  # session -> its pace, while it is open
         self._queue: queue.Queue[_Job | None] = queue.Queue()
@@ -147,11 +152,10 @@ class Batcher:
 
     def _run(self) -> None:
         while (jobs := self._take()) is not None:
-            groups: dict[tuple, list[_Job]] = {}  # insertion order: the order of first arrival
+            groups: dict[tuple, list[list[_Job]]] = {}  # insertion order: the order of first arrival
             for job in jobs:
-                key = (job.start, job.end, job.step.hidden.shape[1])
-                group = groups.setdefault(key, [[]])
-                if sum(j.step.hidden.shape[0] for j in group[-1]) + job.step.hidden.shape[0] > self.max_rows:
+                group = groups.setdefault((job.start, job.end), [[]])
+                if group[-1] and sum(j.tokens for j in group[-1]) + job.tokens > self.max_tokens:
                     group.append([])
                 group[-1].append(job)
             for batches in groups.values():

@@ -86,31 +86,47 @@ def test_other_architectures_are_refused(name, tmp_path):
 
 @torch.inference_mode()
 def test_a_batch_of_sessions_equals_each_alone(arch):
-    """Sessions of different lengths, rows and masks stepped as one forward give what each
-    gives alone (allclose: the matrix products differ in shape only)."""
+    """Sessions of different lengths, rows, masks and numbers of new tokens (decode steps,
+    a forced run, a fresh prefill) stepped as one forward give what each gives alone
+    (allclose: the matrix products differ in shape only)."""
     from continuous.remote.backend import Step
 
     name, model, tok, path = arch
     _, blocks = _swarm_parts(path, model.config.num_hidden_layers)
     torch.manual_seed(0)
     hidden = blocks.hidden_size
-    prompts = [torch.randn(1, 5, hidden), torch.randn(2, 17, hidden), torch.randn(1, 9, hidden)]
-    masks = [None, None, torch.tensor([[1, 1, 0, 0, 1, 1, 1, 1, 1, 1]])]
-    new = [torch.randn(p.shape[0], 1, hidden) for p in prompts]
+    prompts = [torch.randn(1, 5, hidden), torch.randn(2, 17, hidden), torch.randn(1, 9, hidden), None]
+    masks = [None, None, torch.tensor([[1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1]]), None]
+    new = [torch.randn(1, 1, hidden), torch.randn(2, 2, hidden), torch.randn(1, 3, hidden),
+           torch.randn(1, 11, hidden)]
 
     def prefilled():
         caches = []
-        for p, m in zip(prompts, masks):
+        for p, m, x in zip(prompts, masks, new):
             cache = blocks.new_cache(0, blocks.end, 64, MemoryBudget(2**30))
-            blocks.step(cache, 0, blocks.end, p, 0, None, None if m is None else m[:, :-1], None)
+            if p is not None:
+                blocks.step(cache, 0, blocks.end, p, 0, None, None if m is None else m[:, :p.shape[1]], None)
             caches.append(cache)
         return caches
 
-    alone = [blocks.step(c, 0, blocks.end, x, p.shape[1], None, m, None)
-             for c, x, p, m in zip(prefilled(), new, prompts, masks)]
-    batched = blocks.step_batch(0, blocks.end, [Step(c, x, p.shape[1], None, m)
-                                                for c, x, p, m in zip(prefilled(), new, prompts, masks)])
+    starts = [0 if p is None else p.shape[1] for p in prompts]
+    alone = [blocks.step(c, 0, blocks.end, x, s, None, m, None)
+             for c, x, s, m in zip(prefilled(), new, starts, masks)]
+    caches = prefilled()
+    batched = blocks.step_batch(0, blocks.end, [Step(c, x, s, None, m)
+                                                for c, x, s, m in zip(caches, new, starts, masks)])
     for a, b in zip(alone, batched):
+        assert a.shape == b.shape
+        assert torch.allclose(a, b, atol=1e-5), (name, (a - b).abs().max())
+    # Each cache goes on as alone: one more decode step of every session.
+    after = [torch.randn(x.shape[0], 1, hidden) for x in new]
+    again = blocks.step_batch(0, blocks.end, [Step(c, x, s + n.shape[1], None, None if m is None else
+                                                   torch.cat([m, torch.ones(1, 1, dtype=m.dtype)], 1))
+                                              for c, x, s, n, m in zip(caches, after, starts, new, masks)])
+    for c, x, s, n, m, b in zip(prefilled(), after, starts, new, masks, again):
+        blocks.step(c, 0, blocks.end, n, s, None, m, None)
+        a = blocks.step(c, 0, blocks.end, x, s + n.shape[1], None,
+                        None if m is None else torch.cat([m, torch.ones(1, 1, dtype=m.dtype)], 1), None)
         assert torch.allclose(a, b, atol=1e-5), (name, (a - b).abs().max())
 
 
