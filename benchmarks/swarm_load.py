@@ -9,11 +9,16 @@
 - fuzz: 5,000 malformed frames from a hostile peer (its own daemon) to one server while
   clients run: every frame answered or closed, the server up, the clients' outputs intact.
 
+Beside the throughput it reports how many cores the processes kept busy (all of them:
+client, servers, libp2p daemons) and their CPU time per token: on 2 cores, 16 clients
+cannot go faster than 2 / (CPU seconds per token).
+
     python benchmarks/swarm_load.py [--quick] [--save]
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import threading
@@ -35,6 +40,21 @@ REPEATS = 3
 def pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3
+
+
+def cpu_seconds(pid: int = None) -> float:
+    """CPU seconds used so far by ``pid`` (this process by default) and its live descendants
+    (the servers and every libp2p daemon), from /proc: what bounds throughput on 2 cores."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        for task in os.listdir(f"/proc/{pid}/task"):
+            for child in open(f"/proc/{pid}/task/{task}/children").read().split():
+                total += cpu_seconds(int(child))
+    except OSError:  # gone meanwhile
+        return 0.0
+    return total
 
 
 def main():
@@ -67,13 +87,20 @@ def main():
             # Medians of REPEATS interleaved repetitions, as in the other benchmarks: a run of
             # a few seconds on a shared machine moves with whatever else runs.
             runs1, runs16, lat1, lat16, steps, forwards, identical = [], [], [], [], 0, 0, True
+            busy = {"1": [], "16": []}  # cores busy during the load, and CPU ms per token
             for _ in range(REPEATS):
+                c0 = cpu_seconds()
                 one, lat, t1 = greedy_clients(model, prompts[:1], n)
+                c1 = cpu_seconds()
                 runs1.append(n / t1)
                 lat1 += lat
                 before = [model.swarm.info(PeerID.from_base58(s.peer_id)) for s in swarm.servers]
+                c2 = cpu_seconds()
                 many, lat, t16 = greedy_clients(model, prompts, n)
+                c3 = cpu_seconds()
                 after = [model.swarm.info(PeerID.from_base58(s.peer_id)) for s in swarm.servers]
+                busy["1"].append(((c1 - c0) / t1, 1e3 * (c1 - c0) / n))
+                busy["16"].append(((c3 - c2) / t16, 1e3 * (c3 - c2) / (clients * n)))
                 runs16.append(clients * n / t16)
                 lat16 += lat
                 # Steps per forward on the servers during the 16-client load: the batching at work.
@@ -82,6 +109,8 @@ def main():
                 identical = identical and same(one) and same(many)
             steps_per_forward = steps / max(1, forwards)
             tps = {"1": statistics.median(runs1), "16": statistics.median(runs16)}
+            cores = {k: round(statistics.median(u for u, _ in v), 2) for k, v in busy.items()}
+            cpu_ms = {k: round(statistics.median(c for _, c in v), 1) for k, v in busy.items()}
 
             # Fuzz under load: a hostile peer with its own daemon, while the clients decode.
             target = swarm.servers[0]
@@ -122,6 +151,7 @@ def main():
              ("tokens/s", f"{tps['1']:.1f}", f"{tps['16']:.1f}"),
              ("p50 step ms", p50["1"], p50["16"]), ("p99 step ms", p99["1"], p99["16"]),
              ("speedup", "", f"{tps['16'] / tps['1']:.2f}x"),
+             ("cores busy", cores["1"], cores["16"]), ("CPU ms per token (all processes)", cpu_ms["1"], cpu_ms["16"]),
              ("server steps per forward", "", f"{steps_per_forward:.1f}"), ("identical to HF generate", identical, identical),
              ("chaos: completed / identical / killed", "", f"{chaos_result['completed']} / "
               f"{chaos_result['identical']} / {chaos_result['killed']}"),
@@ -133,7 +163,7 @@ def main():
     result = {"bench": "swarm_load", "model": size, "clients": clients, "tokens": n,
               "tokens_per_s": {k: round(v, 2) for k, v in tps.items()}, "identical": identical,
               "tokens_per_s_runs": {"1": [round(v, 2) for v in runs1], "16": [round(v, 2) for v in runs16]},
-              "p50_step_ms": p50, "p99_step_ms": p99,
+              "p50_step_ms": p50, "p99_step_ms": p99, "cores_busy": cores, "cpu_ms_per_token": cpu_ms,
               "steps_per_forward": round(steps_per_forward, 2), "chaos": chaos_result, "fuzz": fuzz_result,
               "bars": {"speedup_16_vs_1": round(tps["16"] / tps["1"], 2)}}
     emit("swarm_load", table, result, args.save)
