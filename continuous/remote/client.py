@@ -102,6 +102,12 @@ class ServerSession:
     def step(self, hidden_states: torch.Tensor, start_position: int, hypo_ids: torch.Tensor | None = None,
              attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Send one step; return the hidden states after the span's blocks."""
+        return run(self.step_async(hidden_states, start_position, hypo_ids, attention_mask, position_ids), None)
+
+    async def step_async(self, hidden_states: torch.Tensor, start_position: int,
+                         hypo_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                         position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`step` in the event loop of the swarm client, with the same timeout and errors."""
         if self._writer is None or self._broken:
             raise RemoteError(f"{self} is closed" + (f" ({self._broken})" if self._broken else ""))
         names, tensors = ["hidden_states"], [hidden_states]
@@ -112,7 +118,7 @@ class ServerSession:
                 tensors.append(tensor)
         metadata = {"type": "step", "start_position": int(start_position), "tensors": names,
                     "compression": int(self.compression)}
-        return self._call(self._step(metadata, tensors), self.step_timeout, "a step")
+        return await self._guarded(self._step(metadata, tensors), self.step_timeout, "a step")
 
     async def _step(self, metadata: dict, tensors: list[torch.Tensor]) -> torch.Tensor:
         write_error = None
@@ -134,11 +140,16 @@ class ServerSession:
         return out[0].to(tensors[0].dtype)
 
     def _call(self, coro, timeout: float, what: str):
+        return run(self._guarded(coro, timeout, what), None)
+
+    async def _guarded(self, coro, timeout: float, what: str):
+        """Await ``coro`` within ``timeout`` seconds; any failure is a :class:`RemoteError`."""
         try:
-            return run(coro, timeout)
+            async with asyncio.timeout(timeout):
+                return await coro
         except RemoteError:
             raise
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             # A late reply would answer the wrong request: this stream is done.
             self._broken = f"no reply to {what} within {timeout:.0f} s"
             raise RemoteError(f"{self}: {self._broken}") from None
@@ -351,18 +362,22 @@ class InferenceSession:
         x = hidden_states.detach().cpu()
         if not self._spans:
             self._spans = [_Span(0, self.swarm.num_blocks)]
-        stepped = []
-        i = 0
-        while i < len(self._spans):
-            out = self._step_span(i, x, start, hypo_ids, mask, None if position_ids is None else new_positions)
-            stepped.append((self._spans[i], x))
+        step = (start, hypo_ids, mask, None if position_ids is None else new_positions)
+        # Usually every span has a live server in sync: the whole chain then runs in one call
+        # of the event loop, each reply sent on to the next span from there rather than from
+        # this thread, which under load may wait for a core between two spans.
+        outs, failed = self._chain(x, *step)
+        inputs = [x] + outs
+        i = len(outs)
+        while i < len(self._spans):  # failover, or servers still to open: span by span
+            inputs.append(self._step_span(i, inputs[i], *step, failed=failed))
             self._spans[i].synced = False  # ahead of the committed history until the whole step succeeds
-            x = out
+            failed = None
             i += 1
-
-        for span, inputs in stepped:
-            span.commit(start, hypo_ids, inputs, self.max_length)
+        for span, span_inputs in zip(self._spans, inputs):
+            span.commit(start, hypo_ids, span_inputs, self.max_length)
             span.synced = True
+        x = inputs[-1]
         self._positions, self._mask, self._rows, self._position = positions, mask, rows, start + n
         return x.to(device=hidden_states.device, dtype=hidden_states.dtype)
 
@@ -411,10 +426,35 @@ class InferenceSession:
 
     # -- failover -------------------------------------------------------------------------
 
-    def _step_span(self, i: int, x, start, hypo_ids, mask, position_ids) -> torch.Tensor:
+    def _chain(self, x, start, hypo_ids, mask, position_ids) -> tuple[list[torch.Tensor], RemoteError | None]:
+        """Step the spans in order in one call of the event loop, while their servers are open
+        and in sync; return the outputs of those that answered, and the error that stopped it."""
+        outs: list[torch.Tensor] = []
+
+        async def chain():
+            h = x
+            for span in self._spans:
+                if span.server is None or not span.synced:
+                    return
+                h = await span.server.step_async(h, start, hypo_ids, mask, position_ids)
+                span.synced = False  # ahead of the committed history until the whole step succeeds
+                outs.append(h)
+
+        try:
+            run(chain(), None)
+        except RemoteError as e:
+            return outs, e
+        return outs, None
+
+    def _step_span(self, i: int, x, start, hypo_ids, mask, position_ids, failed: RemoteError | None = None
+                   ) -> torch.Tensor:
+        """Step span ``i``, failing over to other servers; ``failed``: the first attempt's error."""
         for attempt in range(self.max_retries + 1):
             span = self._spans[i]
             try:
+                if failed is not None:
+                    error, failed = failed, None
+                    raise error
                 if span.server is None:
                     self._replace(i)
                     span = self._spans[i]

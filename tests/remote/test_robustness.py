@@ -13,12 +13,12 @@ import torch
 from hivemind.p2p import PeerID
 
 from continuous.remote.backend import Blocks
-from continuous.remote.client import InferenceSession, ServerSession
+from continuous.remote.client import InferenceSession, ServerSession, _Span
 from continuous.remote.handler import InferenceHandler
 from continuous.remote.hf import SwarmSessionCache
 from continuous.remote.memory import MemoryBudget, SessionCache
 from continuous.remote.protocol import (
-    MAX_FRAME_BYTES, RemoteError, ServerFaultError, pack, read_message, write_message,
+    MAX_FRAME_BYTES, BadRequestError, RemoteError, ServerFaultError, pack, read_message, write_message,
 )
 from continuous.remote.routing import Hop, ServerInfo
 
@@ -290,6 +290,53 @@ def test_replays_are_chunked():
     assert torch.equal(out, history * 2)
     with pytest.raises(ValueError, match="replay_chunk"):
         InferenceSession(None, 64, hidden_size=HIDDEN, replay_chunk=0)
+
+
+class _FakeServer:
+    """A span's server without a network: multiplies its input, or fails as told."""
+
+    def __init__(self, factor, fail=None):
+        self.factor, self.fail, self.calls, self.closed = factor, fail, 0, False
+        self.peer = PeerID(b"span-%d" % factor)
+
+    async def step_async(self, x, start, hypo_ids, mask, positions):
+        self.calls += 1
+        if self.fail is not None:
+            raise self.fail
+        return x * self.factor
+
+    def close(self):
+        self.closed = True
+
+
+def _two_spans(second: _FakeServer, max_retries=3) -> InferenceSession:
+    session = InferenceSession(None, 64, hidden_size=HIDDEN, max_retries=max_retries)
+    session._spans = [_Span(0, 1, _FakeServer(2)), _Span(1, 2, second)]
+    return session
+
+
+def test_a_step_runs_the_chain_of_spans_in_one_call():
+    session = _two_spans(_FakeServer(3))
+    x = torch.randn(1, 2, HIDDEN)
+    assert torch.equal(session.step(x), x * 6)
+    first, second = session._spans
+    assert torch.equal(first.inputs, x) and torch.equal(second.inputs, x * 2)  # the histories to replay
+    assert first.synced and second.synced and session.position == 2
+
+
+@pytest.mark.parametrize("error", [BadRequestError("refused"), RemoteError("gone")])
+def test_a_failure_in_the_chain_is_the_first_attempt_of_failover(error):
+    """A span that fails within the chain is taken over by the failover, which counts it
+    as the span's first attempt: a request the server refused ends the step, a retryable
+    failure with no retry left too; the spans before it are marked to replay, the
+    session's position is unchanged."""
+    second = _FakeServer(3, fail=error)
+    session = _two_spans(second, max_retries=0)
+    x = torch.randn(1, 2, HIDDEN)
+    with pytest.raises(type(error), match=str(error)):
+        session.step(x)
+    assert second.calls == 1  # not sent again by the failover
+    assert session.position == 0 and not session._spans[0].synced
 
 
 @torch.inference_mode()
