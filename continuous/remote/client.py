@@ -145,11 +145,10 @@ class ServerSession:
     async def _guarded(self, coro, timeout: float, what: str):
         """Await ``coro`` within ``timeout`` seconds; any failure is a :class:`RemoteError`."""
         try:
-            async with asyncio.timeout(timeout):
-                return await coro
+            return await asyncio.wait_for(coro, timeout)
         except RemoteError:
             raise
-        except TimeoutError:
+        except (TimeoutError, asyncio.TimeoutError):  # distinct before Python 3.11
             # A late reply would answer the wrong request: this stream is done.
             self._broken = f"no reply to {what} within {timeout:.0f} s"
             raise RemoteError(f"{self}: {self._broken}") from None
