@@ -361,15 +361,15 @@ class InferenceSession:
         x = hidden_states.detach().cpu()
         if not self._spans:
             self._spans = [_Span(0, self.swarm.num_blocks)]
-        step = (start, hypo_ids, mask, None if position_ids is None else new_positions)
+        args = (start, hypo_ids, mask, None if position_ids is None else new_positions)
         # Usually every span has a live server in sync: the whole chain then runs in one call
         # of the event loop, each reply sent on to the next span from there rather than from
         # this thread, which under load may wait for a core between two spans.
-        outs, failed = self._chain(x, *step)
+        outs, failed = self._chain(x, *args)
         inputs = [x] + outs
         i = len(outs)
         while i < len(self._spans):  # failover, or servers still to open: span by span
-            inputs.append(self._step_span(i, inputs[i], *step, failed=failed))
+            inputs.append(self._step_span(i, inputs[i], *args, failed=failed))
             self._spans[i].synced = False  # ahead of the committed history until the whole step succeeds
             failed = None
             i += 1

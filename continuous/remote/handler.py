@@ -96,7 +96,6 @@ class InferenceHandler:
         self.streams: dict[str, int] = {}  # peer id -> streams open
         # One compute thread, off the event loop (the DHT and the streams keep being served
         # while a step computes), running concurrent sessions' steps as one forward.
-        self.sessions = 0  # open sessions
         self.batcher = Batcher(blocks, window=batch_window)
         self.tasks: set[asyncio.Task] = set()
         self.closing = False
@@ -112,7 +111,6 @@ class InferenceHandler:
                 raise AllocationError(f"too many streams from one peer (limit {self.max_streams_per_peer})")
             session = await self._open(reader, writer)
             if session is not None:  # reserved: from here on, `finally` releases it
-                self.sessions += 1
                 await write_message(writer, {"ok": True, "timeout": session.timeout}, response=True)
                 await self._serve(session, reader, writer)
         except asyncio.TimeoutError:
@@ -126,7 +124,6 @@ class InferenceHandler:
             await self._reply_error(writer, e)
         finally:
             if session is not None:
-                self.sessions -= 1
                 self.batcher.forget(session)
                 session.cache.release()
                 self.on_change()
