@@ -48,12 +48,16 @@ def cpu_seconds(pid: int = None) -> float:
     pid = os.getpid() if pid is None else pid
     try:
         fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        for task in os.listdir(f"/proc/{pid}/task"):
-            for child in open(f"/proc/{pid}/task/{task}/children").read().split():
-                total += cpu_seconds(int(child))
-    except OSError:  # gone meanwhile
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # the process is gone
         return 0.0
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    for task in tasks:
+        try:
+            children = open(f"/proc/{pid}/task/{task}/children").read().split()
+        except OSError:  # a thread that ended meanwhile: the process's own figure still counts
+            continue
+        total += sum(cpu_seconds(int(child)) for child in children)
     return total
 
 
