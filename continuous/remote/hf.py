@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -73,6 +74,90 @@ class SwarmSessionCache(Cache):
         return hypo_ids
 
 
+class _Call:
+    """One caller's input to a :class:`RowBatcher`, then its result or error."""
+
+    def __init__(self, x: torch.Tensor):
+        self.x, self.result, self.error, self.done = x, None, None, False
+        # Inputs are stacked only with inputs of the same kind, run under the same mode.
+        self.kind = (x.dtype, x.device, x.shape[-1], torch.is_inference_mode_enabled())
+
+
+class RowBatcher:
+    """Concurrent calls of a row-wise function, made from threads, run as one call.
+
+    A caller that finds no call running runs at once, taking along the calls queued
+    meanwhile: no one waits for company, so a thread alone runs exactly its own call,
+    while threads that arrive together share one matrix product instead of one each
+    (the clients of a process serving many sessions, as the servers batch theirs).
+
+    Parameters
+    ----------
+    fn
+        The function: each row of its output (all dimensions but the last) depends only
+        on the same row of its input.
+    """
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.calls = self.runs = 0  # calls served, and runs of ``fn`` that served them
+        self._cv = threading.Condition()
+        self._queued: list[_Call] = []
+        self._running = False
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled():  # a result that autograd records is computed alone
+            return self.fn(x)
+        call = _Call(x)
+        with self._cv:
+            self._queued.append(call)
+            while not call.done:
+                if self._running:
+                    self._cv.wait()
+                    continue
+                batch, self._queued, self._running = self._queued, [], True
+                self._cv.release()
+                try:
+                    self._run(batch)
+                except BaseException as e:  # an interrupt: no caller of the batch may wait forever
+                    for other in batch:
+                        if not other.done:
+                            other.error, other.done = e, True
+                finally:
+                    self._cv.acquire()
+                    self._running = False
+                    self._cv.notify_all()
+        if call.error is not None:
+            raise call.error
+        return call.result
+
+    def _run(self, batch: list[_Call]) -> None:
+        kinds: dict[tuple, list[_Call]] = {}
+        for call in batch:
+            kinds.setdefault(call.kind, []).append(call)
+        for kind, calls in kinds.items():
+            with torch.inference_mode(kind[-1]), torch.no_grad():
+                if len(calls) > 1:
+                    try:
+                        rows = [call.x.reshape(-1, call.x.shape[-1]) for call in calls]
+                        outs = self.fn(torch.cat(rows)).split([len(r) for r in rows])
+                    except Exception:  # someone's input is bad: each alone, so that the others get theirs
+                        pass
+                    else:
+                        for call, out in zip(calls, outs):
+                            call.result = out.reshape(*call.x.shape[:-1], out.shape[-1])
+                        self.runs += 1
+                for call in calls:
+                    if call.result is None:
+                        try:
+                            call.result = self.fn(call.x)
+                        except Exception as e:
+                            call.error = e
+                        self.runs += 1
+                    call.done = True
+            self.calls += len(calls)
+
+
 class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
     """A Llama-like causal LM whose transformer blocks are served by a swarm.
 
@@ -94,6 +179,17 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.swarm = swarm
         self.session_kwargs = dict(session_kwargs or {})
+        self._head_batcher = RowBatcher(self._logits)
+
+    def __getstate__(self):
+        # A lock is neither copied nor pickled: a copy gets its own batcher.
+        state = dict(super().__getstate__())
+        del state["_head_batcher"]
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._head_batcher = RowBatcher(self._logits)
 
     @classmethod
     def from_pretrained(cls, model_path: str | Path, *, initial_peers: Sequence[str], dht_prefix: str | None = None,
@@ -164,7 +260,14 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits from the last block's output: final norm, head, and the logit softcapping if any."""
+        """Logits from the last block's output: final norm, head, and the logit softcapping if any.
+
+        Calls made at once from several threads (sessions served by one process) run as
+        one product over their rows (see :class:`RowBatcher`); each gets its own logits.
+        """
+        return self._head_batcher(hidden)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(self.model.norm(hidden))
         if self.logit_softcap is not None:
             logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
