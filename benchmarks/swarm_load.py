@@ -1,7 +1,7 @@
 """The swarm under load, faults and hostile input, on 127.0.0.1.
 
 - load: 16 concurrent greedy clients x 64 tokens through 2 servers (2 spans), against one
-  client alone (medians of 3 interleaved repetitions); every output must equal
+  client alone (medians of 5 interleaved repetitions); every output must equal
   transformers' greedy generate on the same model (run before any server starts, so that
   it does not compete for the cores);
 - chaos: the same load with a spare per span, while a server is killed every 10 s and a
@@ -34,7 +34,7 @@ from continuous.remote.routing import SwarmClient
 from continuous.remote.stress import Chaos, budget_in_use, fuzz, greedy_clients
 
 CACHE_BYTES = 2**30
-REPEATS = 3
+REPEATS = 5
 
 
 def pct(xs, q):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -86,50 +87,71 @@ class _Call:
 class RowBatcher:
     """Concurrent calls of a row-wise function, made from threads, run as one call.
 
-    A caller that finds no call running runs at once, taking along the calls queued
-    meanwhile: no one waits for company, so a thread alone runs exactly its own call,
-    while threads that arrive together share one matrix product instead of one each
-    (the clients of a process serving many sessions, as the servers batch theirs).
+    The threads of a process serving many sessions (its clients, one per user) then share
+    one matrix product instead of one each, as the servers batch their steps. A caller
+    that finds no call running leads: it runs the calls queued meanwhile, its own among
+    them. When the last run had company, it first takes in the burst of calls arriving
+    (until none came for ``gap`` seconds, ``max_wait`` at most), as the sessions of one
+    server batch get their replies together. A thread alone runs exactly its own call,
+    and waits for no one (but for ``gap`` once, right after it had company).
 
     Parameters
     ----------
     fn
         The function: each row of its output (all dimensions but the last) depends only
         on the same row of its input.
+    max_wait, gap
+        Bounds of the wait for company, in seconds.
     """
 
-    def __init__(self, fn):
-        self.fn = fn
+    def __init__(self, fn, max_wait: float = 0.004, gap: float = 0.001):
+        self.fn, self.max_wait, self.gap = fn, max_wait, gap
         self.calls = self.runs = 0  # calls served, and runs of ``fn`` that served them
-        self._cv = threading.Condition()
+        lock = threading.Lock()
+        self._done = threading.Condition(lock)  # callers wait for their call, or to lead
+        self._arrival = threading.Condition(lock)  # a leader waiting for company hears arrivals
         self._queued: list[_Call] = []
         self._running = False
+        self._last = 1  # calls taken by the last run
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():  # a result that autograd records is computed alone
             return self.fn(x)
         call = _Call(x)
-        with self._cv:
+        with self._done:
             self._queued.append(call)
+            self._arrival.notify()
             while not call.done:
                 if self._running:
-                    self._cv.wait()
-                    continue
-                batch, self._queued, self._running = self._queued, [], True
-                self._cv.release()
-                try:
-                    self._run(batch)
-                except BaseException as e:  # an interrupt: no caller of the batch may wait forever
-                    for other in batch:
-                        if not other.done:
-                            other.error, other.done = e, True
-                finally:
-                    self._cv.acquire()
-                    self._running = False
-                    self._cv.notify_all()
+                    self._done.wait()
+                else:
+                    self._lead()
         if call.error is not None:
             raise call.error
         return call.result
+
+    def _lead(self) -> None:
+        """Run the queued calls (the lock is held, and released while they run)."""
+        self._running = True
+        try:
+            if self._last > 1:
+                deadline = time.monotonic() + self.max_wait
+                while (left := deadline - time.monotonic()) > 0 and self._arrival.wait(min(left, self.gap)):
+                    pass
+            batch, self._queued = self._queued, []
+            self._last = len(batch)
+            self._done.release()
+            try:
+                self._run(batch)
+            except BaseException as e:  # an interrupt: no caller of the batch may wait forever
+                for other in batch:
+                    if not other.done:
+                        other.error, other.done = e, True
+            finally:
+                self._done.acquire()
+        finally:
+            self._running = False
+            self._done.notify_all()
 
     def _run(self, batch: list[_Call]) -> None:
         kinds: dict[tuple, list[_Call]] = {}

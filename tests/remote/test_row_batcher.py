@@ -136,3 +136,35 @@ def test_with_grad_the_head_runs_alone_and_a_copy_has_its_own_batcher(swarm_mode
     assert twin._head_batcher is not model._head_batcher and twin._head_batcher.fn.__self__ is twin
     with torch.no_grad():
         assert torch.equal(twin.logits(hidden), model.logits(hidden))
+
+
+def test_after_company_a_leader_takes_in_the_burst_and_alone_it_never_waits():
+    batcher = RowBatcher(lambda x: x * 3, max_wait=60.0, gap=60.0)
+    # Alone (the last run took one call): no wait, however long max_wait is.
+    assert torch.equal(_in_threads(batcher, [torch.ones(1, 2)])[0], torch.full((1, 2), 3.0))
+    assert batcher.runs == 1
+    # Company: one alone, then two together; the next leader will wait for arrivals.
+    batcher.fn = _gated(batcher.fn, lambda: batcher, 3)
+    batcher.gap = 0.2
+    _in_threads(batcher, [torch.ones(1, 2)] * 3)
+    assert (batcher.calls, batcher.runs, batcher._last) == (4, 3, 2)
+    batcher.gap = 60.0
+    results = []
+
+    def call():
+        with torch.no_grad():
+            results.append(batcher(torch.ones(1, 2)))
+
+    leader = threading.Thread(target=call)
+    leader.start()
+    deadline = time.monotonic() + 10
+    while not batcher._running:  # it leads, and waits for company
+        assert time.monotonic() < deadline and leader.is_alive()
+        time.sleep(0.001)
+    batcher.gap = 0.3  # after the next arrival, the wait for more ends in 0.3 s
+    second = threading.Thread(target=call)
+    second.start()
+    for t in (second, leader):
+        t.join(30)
+    assert len(results) == 2 and all(torch.equal(r, torch.full((1, 2), 3.0)) for r in results)
+    assert (batcher.calls, batcher.runs) == (6, 4)  # the two calls in one run
