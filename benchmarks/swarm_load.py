@@ -11,7 +11,10 @@
 
 Beside the throughput it reports how many cores the processes kept busy (all of them:
 client, servers, libp2p daemons) and their CPU time per token: on 2 cores, 16 clients
-cannot go faster than 2 / (CPU seconds per token).
+cannot go faster than 2 / (CPU seconds per token). The 16 clients are threads of one
+process, whose heads share one product per burst (``RowBatcher``); each repetition also
+runs them with every head computed alone, as clients in separate processes would: what
+the servers' batching gives by itself.
 
     python benchmarks/swarm_load.py [--quick] [--save]
 """
@@ -91,6 +94,7 @@ def main():
             # Medians of REPEATS interleaved repetitions, as in the other benchmarks: a run of
             # a few seconds on a shared machine moves with whatever else runs.
             runs1, runs16, lat1, lat16, steps, forwards, identical = [], [], [], [], 0, 0, True
+            runs16_alone = []
             busy = {"1": [], "16": []}  # cores busy during the load, and CPU ms per token
             for _ in range(REPEATS):
                 c0 = cpu_seconds()
@@ -98,6 +102,13 @@ def main():
                 c1 = cpu_seconds()
                 runs1.append(n / t1)
                 lat1 += lat
+                model._head_batcher, batcher = model._logits, model._head_batcher  # each head alone
+                try:
+                    alone, _, t_alone = greedy_clients(model, prompts, n)
+                finally:
+                    model._head_batcher = batcher
+                runs16_alone.append(clients * n / t_alone)
+                identical = identical and same(alone)
                 before = [model.swarm.info(PeerID.from_base58(s.peer_id)) for s in swarm.servers]
                 c2 = cpu_seconds()
                 many, lat, t16 = greedy_clients(model, prompts, n)
@@ -112,7 +123,8 @@ def main():
                 forwards += sum(a["forwards"] - b["forwards"] for a, b in zip(after, before))
                 identical = identical and same(one) and same(many)
             steps_per_forward = steps / max(1, forwards)
-            tps = {"1": statistics.median(runs1), "16": statistics.median(runs16)}
+            tps = {"1": statistics.median(runs1), "16": statistics.median(runs16),
+                   "16_head_alone": statistics.median(runs16_alone)}
             cores = {k: round(statistics.median(u for u, _ in v), 2) for k, v in busy.items()}
             cpu_ms = {k: round(statistics.median(c for _, c in v), 1) for k, v in busy.items()}
 
@@ -155,6 +167,8 @@ def main():
              ("tokens/s", f"{tps['1']:.1f}", f"{tps['16']:.1f}"),
              ("p50 step ms", p50["1"], p50["16"]), ("p99 step ms", p99["1"], p99["16"]),
              ("speedup", "", f"{tps['16'] / tps['1']:.2f}x"),
+             ("16 clients, each head alone: tokens/s, speedup", "",
+              f"{tps['16_head_alone']:.1f}, {tps['16_head_alone'] / tps['1']:.2f}x"),
              ("cores busy", cores["1"], cores["16"]), ("CPU ms per token (all processes)", cpu_ms["1"], cpu_ms["16"]),
              ("server steps per forward", "", f"{steps_per_forward:.1f}"), ("identical to HF generate", identical, identical),
              ("chaos: completed / identical / killed", "", f"{chaos_result['completed']} / "
@@ -166,9 +180,11 @@ def main():
               f"{fuzz_result['sessions_intact']}")]
     result = {"bench": "swarm_load", "model": size, "clients": clients, "tokens": n,
               "tokens_per_s": {k: round(v, 2) for k, v in tps.items()}, "identical": identical,
-              "tokens_per_s_runs": {"1": [round(v, 2) for v in runs1], "16": [round(v, 2) for v in runs16]},
+              "tokens_per_s_runs": {"1": [round(v, 2) for v in runs1], "16": [round(v, 2) for v in runs16],
+                                    "16_head_alone": [round(v, 2) for v in runs16_alone]},
               "p50_step_ms": p50, "p99_step_ms": p99, "cores_busy": cores, "cpu_ms_per_token": cpu_ms,
               "steps_per_forward": round(steps_per_forward, 2), "chaos": chaos_result, "fuzz": fuzz_result,
+              "speedup_16_head_alone_vs_1": round(tps["16_head_alone"] / tps["1"], 2),
               "bars": {"speedup_16_vs_1": round(tps["16"] / tps["1"], 2)}}
     emit("swarm_load", table, result, args.save)
 
