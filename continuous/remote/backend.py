@@ -51,9 +51,13 @@ class _PerSession(list):
         self.shapes = list(shapes)
 
 
-def _unflatten(x: torch.Tensor, a: int, rows: int, n: int) -> torch.Tensor:
-    """A session's part of [1, heads, tokens, dim]: tokens ``a .. a + rows * n``, as [rows, heads, n, dim]."""
-    return x[0, :, a : a + rows * n].unflatten(1, (rows, n)).transpose(0, 1)
+def _split(x: torch.Tensor, shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """Each session's part of [1, heads, tokens, dim], as a [rows, heads, n, dim] view."""
+    parts, a = [], 0
+    for rows, n in shapes:
+        parts.append(x[0, :, a : a + rows * n].unflatten(1, (rows, n)).transpose(0, 1))
+        a += rows * n
+    return parts
 
 
 class _BatchCache:
@@ -68,12 +72,11 @@ class _BatchCache:
         self.caches, self.shapes = caches, shapes
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
-        keys, values, a = _PerSession(shapes=self.shapes), _PerSession(shapes=self.shapes), 0
-        for cache, (rows, n) in zip(self.caches, self.shapes):
-            k, v = cache.update(_unflatten(key, a, rows, n), _unflatten(value, a, rows, n), layer_idx)
+        keys, values = _PerSession(shapes=self.shapes), _PerSession(shapes=self.shapes)
+        for cache, k, v in zip(self.caches, _split(key, self.shapes), _split(value, self.shapes)):
+            k, v = cache.update(k, v, layer_idx)
             keys.append(k)
             values.append(v)
-            a += rows * n
         return keys, values
 
 
@@ -92,11 +95,8 @@ def _attention(module: nn.Module, query: torch.Tensor, key, value, attention_mas
     inner = module.continuous_attention
     if not isinstance(key, _PerSession):
         return inner(module, query, key, value, attention_mask, **kwargs)
-    outs, a = [], 0
-    for k, v, mask, (rows, n) in zip(key, value, attention_mask, key.shapes):
-        out = inner(module, _unflatten(query, a, rows, n), k, v, mask, **kwargs)[0]  # [rows, n, heads, dim]
-        outs.append(out.flatten(0, 1))
-        a += rows * n
+    outs = [inner(module, q, k, v, mask, **kwargs)[0].flatten(0, 1)  # [rows, n, heads, dim] -> [rows * n, ...]
+            for q, k, v, mask in zip(_split(query, key.shapes), key, value, attention_mask)]
     return torch.cat(outs)[None], None
 
 
@@ -184,7 +184,8 @@ class Blocks(nn.Module):
         for row the result is that of each step alone, up to the rounding of differently
         shaped matrix products.
         """
-        masks = {w: _PerSession() for w in set(self.windows[start:end])}
+        shapes = [tuple(s.hidden.shape[:2]) for s in steps]
+        masks = {w: _PerSession(shapes=shapes) for w in set(self.windows[start:end])}
         for s in steps:
             rows, n = s.hidden.shape[:2]
             s.cache.prepare(s.start_position, rows, n, s.hypo_ids)
@@ -197,9 +198,7 @@ class Blocks(nn.Module):
             s = steps[0]
             mask, cache, x, position_ids = {w: ms[0] for w, ms in masks.items()}, s.cache, s.hidden, s.position_ids
         else:
-            shapes = [tuple(s.hidden.shape[:2]) for s in steps]
-            mask = {w: _PerSession(ms, shapes) for w, ms in masks.items()}
-            cache = _BatchCache([s.cache for s in steps], shapes)
+            mask, cache = masks, _BatchCache([s.cache for s in steps], shapes)
             x = torch.cat([s.hidden.flatten(0, 1) for s in steps])[None]
             position_ids = torch.cat([s.position_ids.flatten() for s in steps])[None]
         x = x.to(self.dtype_)

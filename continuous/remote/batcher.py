@@ -2,16 +2,16 @@
 
 Sessions submit steps from the event loop; one thread takes everything queued, groups the
 steps that can share a forward (the same blocks; any rows and numbers of new tokens, up to
-``max_tokens`` in all) and runs each group with :meth:`Blocks.step_batch`. After the first step of a round it waits, up to
-``max_wait`` seconds, for the sessions that are *mid-flight*: those that stepped before,
-whose last step is done, and whose next step is due soon going by their own pace (the
-time they usually take between a reply and their next step), and for no more than half of
-them: under load the sessions of a server then fall into two groups that share a forward
-each and take turns, a pipeline through the chain of servers and the clients. A session
-that pauses is not waited for once it is overdue, and a session alone never waits.
-Groups run in the order of their first step, so no session waits for more than one
-round of others; long prefills arrive in chunks (the handler cuts them), so they cannot
-hold off the decode steps of other sessions for long.
+``max_tokens`` in all) and runs each group with :meth:`Blocks.step_batch`. After the first
+step of a round it waits, up to ``max_wait`` seconds, for the sessions that are
+*mid-flight*: those that stepped before, whose last step is done, and whose next step is
+due soon going by their own pace (the time they usually take between a reply and their
+next step), and for no more than half of them: under load the sessions of a server then
+fall into two groups that share a forward each and take turns, a pipeline through the
+chain of servers and the clients. A session that pauses is not waited for once it is
+overdue, and a session alone never waits. Groups run in the order of their first step, so
+no session waits for more than one round of others; long prefills arrive in chunks (the
+handler cuts them), so they cannot hold off the decode steps of other sessions for long.
 """
 
 from __future__ import annotations
