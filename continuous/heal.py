@@ -20,7 +20,7 @@ import weakref
 
 import torch
 
-__all__ = ["MAX_HEAL", "TokenStrings", "token_strings", "heal_length", "HealMatcher"]
+__all__ = ["MAX_HEAL", "TokenStrings", "token_strings", "heal_length", "HealMatcher", "heal_rows", "heal_matchers"]
 
 #: The most tokens healing backs up over.
 MAX_HEAL = 3
@@ -217,3 +217,49 @@ def _set_bits(bitmask: torch.Tensor, ids: list[int] | None, n_tokens: int) -> No
     weights = torch.tensor([1 << i for i in range(31)] + [-(1 << 31)], dtype=torch.int64)
     words = (allowed.view(-1, 32).long() * weights).sum(1)
     bitmask.copy_(words.to(torch.int32))  # bit 31's weight is negative: the sum fits an int32
+
+
+def heal_rows(tokenizer, rows):
+    """Crop each row's last tokens that a longer token could extend.
+
+    Parameters
+    ----------
+    tokenizer
+        The rows' tokenizer.
+    rows
+        A :class:`~continuous.layout.Rows`.
+
+    Returns
+    -------
+    rows, removed
+        The cropped rows (their cache kept up to the cut), and per row the removed text.
+    """
+    strings = token_strings(tokenizer)
+    cuts, removed = [], []
+    for text, ends in zip(rows.texts, rows.ends):
+        first = next((i for i, e in enumerate(ends) if e > 0), len(ends))  # the special prefix stays
+        k = heal_length(strings, text, list(ends), first)
+        cut = ends[-k - 1] if k and len(ends) > k else (0 if k else len(text))
+        cuts.append(cut)
+        removed.append(text[cut:])
+    if not any(removed):
+        return rows, removed
+    return rows.with_text(tokenizer, cuts, [""] * rows.n_rows), removed
+
+
+def heal_matchers(tokenizer, rows, removed: list[str], constraint) -> list | None:
+    """One :class:`HealMatcher` per row (``None`` when no row is healed).
+
+    Each wraps the constraint's matcher (if any) and checks its first token against the
+    row's last few tokens' text, as a whole-text tokenization would spell it.
+    """
+    if not any(removed):
+        return None
+    strings = token_strings(tokenizer)
+    matchers = []
+    for r, text in enumerate(removed):
+        ends = rows.ends[r]
+        window = rows.texts[r][ends[-4] if len(ends) >= 4 else 0:] if text else ""
+        matchers.append(HealMatcher(text, constraint.matcher() if constraint is not None else None, strings,
+                                    tokenizer, len(tokenizer), tokenizer.eos_token_id, window))
+    return matchers

@@ -102,6 +102,7 @@ class KVCache:
     """
 
     __slots__ = ("_buffer", "length")
+    movable = True
 
     def __init__(self, buffer: _Buffer, length: int):
         self._buffer = buffer

@@ -193,8 +193,7 @@ class Rows:
 
     @property
     def _compactable(self) -> bool:
-        # A swarm session's cache cannot move slots; a local one can.
-        return hasattr(self.cache, "gather_rows_slots")
+        return self.cache is not None and self.cache.movable
 
     def _gathered(self, rows: torch.Tensor | None, force: bool = False) -> "Rows":
         """Rows ``rows`` (all when ``None``), each row's cached tokens right-aligned, cache copied."""

@@ -6,7 +6,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from .decoding import Generation, decode
+from .decode import Generation, Options, decode
 from .errors import SampleMismatch
 from .generate.base import SequenceGenerator
 from .layout import Rows
@@ -135,10 +135,9 @@ class ContinuousGenerator:
         max_tokens = _check_max_tokens(max_tokens)
         stop_at = _check_stop_at(stop_at)
         rng = _check_rng(seed, rng)
-        fork = samples if samples_in == 1 else 1
-        steps = decode(model, rows, weights.reshape(-1), self.generator.constraint, sampler, fork=fork,
-                       max_tokens=max_tokens, stop_at=stop_at, rng=rng, fast_forward=self.fast_forward,
-                       heal=bool(heal), bans=self.generator.ban)
+        options = Options(max_tokens=max_tokens, stop_at=stop_at, rng=rng, fast_forward=self.fast_forward,
+                          bans=self.generator.ban, heal=bool(heal), fork=samples if samples_in == 1 else 1)
+        steps = decode(model, rows, weights.reshape(-1), self.generator.constraint, sampler, options)
         # Arguments are checked above, when stream() is called; the steps run when iterated.
         return self._run(steps, batch_size, samples)
 

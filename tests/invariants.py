@@ -2,7 +2,7 @@
 
 import torch
 
-from continuous.decoding import top_up
+from continuous.decode import top_up
 
 
 def greedy_tokens(gen, state, n=6):

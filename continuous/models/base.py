@@ -2,8 +2,8 @@
 
 A backend owns a tokenizer, counts its work in :class:`Stats`, and runs one forward
 pass over the slots of a padded layout that its cache does not cover yet. The cache
-object it returns is a value with ``length``, ``crop(n)`` and ``select_rows(idx)``;
-states never look inside it.
+object it returns is a :class:`Cache`: a value that states crop and select rows of,
+and never look inside.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["Stats", "Model", "check_layout", "position_ids"]
+__all__ = ["Stats", "Model", "Cache", "check_layout", "position_ids"]
 
 
 @dataclass
@@ -70,6 +70,24 @@ class Stats:
         return [f.name for f in fields(cls) if not f.name.startswith("_")]
 
 
+class Cache(Protocol):
+    """What a backend's cache offers: a value covering the first ``length`` slots of its rows."""
+
+    length: int
+    #: Whether its slots can move (:meth:`gather_rows_slots`): a local cache squeezes out
+    #: holes that way; a swarm session cannot move what the servers hold.
+    movable: bool
+
+    def crop(self, length: int) -> "Cache | None":
+        """The view on the first ``min(length, self.length)`` slots (``None`` when empty)."""
+
+    def select_rows(self, rows: torch.Tensor) -> "Cache":
+        """The cache of the given rows (indices may repeat, for forks and beams)."""
+
+    def gather_rows_slots(self, rows: torch.Tensor, slots: torch.Tensor) -> "Cache | None":
+        """Only where ``movable``: row ``i`` slot ``j`` of the result is row ``rows[i]`` slot ``slots[i, j]``."""
+
+
 class Model(Protocol):
     """A backend: the local transformers one or the swarm one."""
 
@@ -78,6 +96,9 @@ class Model(Protocol):
     vocab_size: int  # width of the logits
     max_length: int  # context length (positions)
     device: torch.device  # where logits come back and where the decoding loop works
+    #: Whether the decoding loop queues each step before the host has read the last one's
+    #: tokens (it pays where the device runs asynchronously).
+    overlap: bool
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any,
                 logits_to_keep: int = 1, *, n_real: int | None = None, holes: bool = True,

@@ -86,6 +86,7 @@ class RemoteCache:
     """A state's view on a remote session: its first ``length`` slots, for the given rows."""
 
     __slots__ = ("_handle", "_chunk", "_length", "_epoch", "_rows", "__weakref__")
+    movable = False  # the servers hold the slots where they were written
 
     def __init__(self, handle: _Handle, chunk: _Chunk | None, length: int, epoch: int,
                  rows: torch.Tensor | None = None):
@@ -140,6 +141,7 @@ class Remote:
         self.max_length = max_length
         self.max_batch = max_batch
         self.device = torch.device("cpu")  # embeddings and head run here; logits come back here
+        self.overlap = False  # each step waits for the servers anyway
 
     def __repr__(self) -> str:
         return f"models.remote({self.model.config.name_or_path!r}, vocab={self.vocab_size})"

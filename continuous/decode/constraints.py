@@ -1,0 +1,121 @@
+"""Each row's constraint during a call: its matcher, and the tokens it allows next on the device.
+
+Matchers write one packed int32 bitmask row per sequence on the host (the engines'
+kernels); it is copied to the model's device and unpacked there with a few vectorized
+torch ops, so logits never leave the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["RowConstraints"]
+
+
+class RowConstraints:
+    """Per row, the constraint's matcher and the tokens the row may emit next, on a device.
+
+    Matchers write a packed int32 bitmask on the host (a few KB per row even for 128k
+    vocabularies) as soon as a row moves; it is copied to the device and unpacked there,
+    so logits never leave it. A bitmask row with a single bit says that the constraint
+    allows one token only: EOS (the row is done) or a forced token (fast-forward), which
+    is by construction the token decoding one by one would choose.
+
+    Parameters
+    ----------
+    constraint
+        A :class:`~continuous.engines.Constraint`, or ``None`` for free text.
+    matchers
+        One matcher per row instead of the constraint's (healing wraps them).
+    rows
+        Number of rows.
+    vocab_size
+        Width of the logits (may exceed the tokenizer's size; extra ids are never allowed).
+    n_tokens
+        Size of the tokenizer's vocabulary.
+    eos
+        The EOS id.
+    device
+        Where the logits are.
+    """
+
+    def __init__(self, constraint, rows: int, vocab_size: int, n_tokens: int, eos: int | None,
+                 device: torch.device, matchers: list | None = None):
+        if matchers is None and constraint is not None:
+            matchers = [constraint.matcher() for _ in range(rows)]
+        self.matchers = matchers
+        self.vocab_size, self.eos, self.device = vocab_size, eos, device
+        words = (vocab_size + 31) // 32
+        self.bitmask = torch.zeros((rows, words), dtype=torch.int32, pin_memory=device.type == "cuda")
+        self.single: list[int | None] = [None] * rows  # the one allowed token of a row, if one
+        # Free text may emit any real token; ids past the tokenizer (padded embeddings) never.
+        self.free = None
+        if n_tokens < vocab_size:
+            self.free = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+            self.free[:n_tokens] = True
+        self.bits = torch.tensor([1 << i for i in range(31)] + [-(1 << 31)], dtype=torch.int32, device=device)
+        if self.matchers is not None:
+            for r in range(rows):
+                self._refresh(r)
+
+    def _refresh(self, row: int) -> None:
+        words = self.bitmask[row]
+        self.matchers[row].fill(words)
+        nonzero = words.nonzero()
+        single = None
+        if nonzero.shape[0] == 1:
+            at = int(nonzero[0, 0])
+            word = int(words[at]) & 0xFFFFFFFF
+            if word & (word - 1) == 0:
+                single = at * 32 + word.bit_length() - 1
+        self.single[row] = single
+
+    def allowed(self) -> torch.Tensor | None:
+        """Boolean ``[rows, vocab_size]`` on the device, or ``None`` when every token is allowed."""
+        if self.matchers is None:
+            return self.free
+        words = self.bitmask.to(self.device, non_blocking=True)
+        allowed = (words.unsqueeze(-1) & self.bits) != 0
+        allowed = allowed.view(words.shape[0], -1)[:, : self.vocab_size]
+        return allowed if self.free is None else allowed & self.free
+
+    def advance(self, row: int, token_id: int) -> None:
+        """Move a row's matcher past a token it emitted."""
+        if self.matchers is not None:
+            self.matchers[row].advance(token_id)
+            self._refresh(row)
+
+    def rollback(self, row: int, n: int) -> None:
+        """Undo a row's last ``n`` tokens."""
+        if self.matchers is not None and n:
+            self.matchers[row].rollback(n)
+            self._refresh(row)
+
+    def forced(self, row: int) -> list[int]:
+        """The tokens a row's constraint forces next (empty when it has a choice).
+
+        A single allowed token is forced; otherwise the engine may still know a forced
+        text and its canonical tokens (llguidance's fast-forward tokens).
+        """
+        single = self.single[row]
+        if single is not None:
+            return [] if single == self.eos else [single]
+        return self.matchers[row].forced() if self.matchers is not None else []
+
+    def done(self, row: int) -> bool:
+        """Whether nothing but EOS may follow in this row."""
+        return self.matchers is not None and self.single[row] == self.eos
+
+    def select(self, rows: list[int]) -> None:
+        """Reorder (and duplicate) rows in place, for beams and forks."""
+        if self.matchers is not None:
+            seen = set()
+            picked = []
+            for i in rows:  # the first use of a matcher takes it, repeats copy it
+                picked.append(self.matchers[i] if i not in seen else self.matchers[i].copy())
+                seen.add(i)
+            self.matchers = picked
+        self.single = [self.single[i] for i in rows]
+        self.bitmask = self.bitmask[rows].contiguous()
+        if self.device.type == "cuda":
+            self.bitmask = self.bitmask.pin_memory()

@@ -1,0 +1,88 @@
+"""The grid of slots one decoding call appends to: token ids, holes and the attention mask.
+
+Each step appends one or more columns, right-aligned so that every row's newest token
+sits in the last slot, where its logits are read. A row that generates fewer tokens
+than the widest row of a step (fast-forward), a finished row, and tokens a rewind
+takes back leave holes. The host keeps the ids and which slots are real; the device
+keeps the attention mask that forwards read, updated with the same columns.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..layout import Rows, interior_holes
+
+__all__ = ["Grid"]
+
+
+class Grid:
+    """The slots of a call's rows: those of the input, then one column per generated slot.
+
+    Parameters
+    ----------
+    rows
+        The rows the call continues (their cache covers every slot).
+    device
+        Where the forwards read the attention mask.
+
+    Attributes
+    ----------
+    attention_mask
+        ``[rows, slots]`` on the device, 0 on padding and holes.
+    all_real
+        No padding and no hole so far: forwards need no mask.
+    holes
+        Some row has a hole between two of its tokens (sliding windows count positions).
+    """
+
+    def __init__(self, rows: Rows, device: torch.device):
+        self.pad = rows.pad
+        self.token_ids, self.real = rows.token_ids, rows.attention_mask  # host copies, reordered with the rows
+        self.width0 = rows.token_ids.shape[1]
+        self.columns: list[list[int]] = []  # generated ids per column (pad for holes), host
+        self.reals: list[list[bool]] = []  # per column, which rows hold a real token there
+        self.attention_mask = rows.attention_mask.to(device)
+        self.all_real = bool(rows.attention_mask.all())
+        self.holes = interior_holes(rows.attention_mask)
+        self._ones = torch.ones((rows.n_rows, 1), dtype=torch.bool, device=device)
+        self.last_real: torch.Tensor | None = None  # [rows, width] of the last append, on the device
+
+    def reorder(self, rows: list[int], index: torch.Tensor) -> None:
+        """Keep rows ``rows`` (host list) in that order; ``index`` is the same on the device."""
+        self.attention_mask = self.attention_mask[index]
+        self.token_ids, self.real = self.token_ids[rows], self.real[rows]
+        self.columns = [[col[a] for a in rows] for col in self.columns]
+        self.reals = [[col[a] for a in rows] for col in self.reals]
+
+    def hole_at(self, row: int, slot: int) -> None:
+        """Turn a generated token's slot into a hole."""
+        self.reals[slot][row] = False
+        self.columns[slot][row] = self.pad
+        self.attention_mask[row, self.width0 + slot] = 0
+
+    def append(self, chunks: list[list[int]], plain: bool, rewound: bool) -> tuple[list[range], list[list[int]]]:
+        """Append each row's new tokens, right-aligned; return each row's slots and the new ids.
+
+        ``plain`` says that every row appends exactly its sampled token, so the device
+        mask grows by a column of ones with no host-to-device copy (it would wait for the
+        device). ``rewound`` says that some row took tokens back, leaving holes.
+        """
+        width = max(len(c) for c in chunks)
+        real = [[j >= width - len(c) for j in range(width)] for c in chunks]
+        ids = [[c[j - width + len(c)] if ok[j] else self.pad for j in range(width)] for c, ok in zip(chunks, real)]
+        slots = [range(len(self.columns) + width - len(c), len(self.columns) + width) for c in chunks]
+        self.columns.extend(map(list, zip(*ids)))
+        self.reals.extend(map(list, zip(*real)))
+        self.last_real = self._ones if plain else torch.tensor(real, device=self._ones.device)
+        self.attention_mask = torch.cat([self.attention_mask, self.last_real.long()], 1)
+        self.all_real = self.all_real and all(map(all, real)) and not rewound
+        self.holes = self.holes or rewound or any(0 < len(c) < width for c in chunks)
+        return slots, ids
+
+    def layout(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The host token ids and attention mask of every slot, the generated columns included."""
+        if not self.columns:
+            return self.token_ids, self.real
+        return (torch.cat([self.token_ids, torch.tensor(self.columns, dtype=torch.long).T], 1),
+                torch.cat([self.real, torch.tensor(self.reals, dtype=torch.long).T], 1))

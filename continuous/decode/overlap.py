@@ -1,0 +1,65 @@
+"""The one host transfer of a step, and the next step queued behind it.
+
+On a device that runs asynchronously (CUDA), the host reads each step's chosen ids
+while the device already computes the next step on them: the queued step is kept if
+the step turns out plain (every row goes on with its sampled token), else given back.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+__all__ = ["to_host", "Queued"]
+
+
+def to_host(t: torch.Tensor) -> Callable[[], list]:
+    """Start copying ``t`` to the host; returns a function that waits for it and gives ``t.tolist()``.
+
+    On CUDA the copy goes to pinned memory behind an event, so that work queued after it
+    does not delay it (a plain ``tolist()`` would wait for that work too).
+    """
+    if t.device.type != "cuda":
+        values = t.tolist()
+        return lambda: values
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def wait():
+        copied.synchronize()
+        return host.tolist()
+
+    return wait
+
+
+class Queued:
+    """A decode step forwarded on the sampled ids before the host has read them.
+
+    Parameters
+    ----------
+    model
+        The backend.
+    ids
+        ``[rows]`` the sampled ids, on the device.
+    cache
+        The cache the step continues.
+    """
+
+    def __init__(self, model, ids: torch.Tensor, cache):
+        self.model, self.start = model, cache.length
+        self.rows = ids.shape[0]
+        self.logits, self.cache = model.forward(ids[:, None], None, cache, logits_to_keep=1, n_real=self.rows,
+                                                holes=False)
+
+    def take(self) -> tuple[torch.Tensor, object]:
+        """The step's last logits and cache: the step was what the loop would have forwarded."""
+        return self.logits[:, -1], self.cache
+
+    def give_back(self, count: bool = True) -> None:
+        """Discard the step: its slots go back to the buffer, its tokens count as rewound."""
+        self.cache.release(self.start)
+        if count:
+            self.model.stats.record_rewound(self.rows)

@@ -1,0 +1,117 @@
+"""Logits processors: what shapes each step's scores before the sampler chooses.
+
+A processor takes the step's :class:`Scores` and changes its ``logits`` (the next
+token's scores per row) or its ``rank`` (the weights the sampler ranks rows with). The
+loop runs them in order: the constraint, the bans, finished rows, then beam ranking.
+Everything stays on the logits' device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .constraints import RowConstraints
+from .rows import RowState
+
+__all__ = ["Scores", "Processor", "Constrained", "Banned", "Finished", "ForkRanking", "run"]
+
+
+@dataclass
+class Scores:
+    """One step's scores, as the processors shape them.
+
+    Attributes
+    ----------
+    logits
+        ``[rows, vocab]`` scores of the next token; ``-inf`` forbids a token.
+    rank
+        ``[rows]`` weights the sampler ranks rows with (beam search).
+    step
+        The step's index in the call (0 first).
+    rows
+        Each row's :class:`~continuous.decode.rows.RowState`.
+    """
+
+    logits: torch.Tensor
+    rank: torch.Tensor
+    step: int
+    rows: list[RowState]
+
+
+class Processor(Protocol):
+    def __call__(self, scores: Scores) -> None:
+        """Change ``scores.logits`` or ``scores.rank`` (replace the tensors; never write in place)."""
+
+
+class Constrained:
+    """Forbid what each row's constraint does not allow next."""
+
+    def __init__(self, constraints: RowConstraints):
+        self.constraints = constraints
+
+    def __call__(self, scores: Scores) -> None:
+        allowed = self.constraints.allowed()
+        if allowed is not None:
+            scores.logits = scores.logits.masked_fill(~allowed, -torch.inf)
+
+
+class Banned:
+    """Forbid (or down-weight) the tokens banned at each row's current position (rewinds record them)."""
+
+    def __call__(self, scores: Scores) -> None:
+        rows, tokens, shifts = [], [], []
+        for r, row in enumerate(scores.rows):
+            if not row.finished:
+                for t, factor in row.bans.get(len(row.tokens), {}).items():
+                    rows.append(r)
+                    tokens.append(t)
+                    shifts.append(-math.inf if factor == 0 else math.log(factor))
+        if not rows:
+            return
+        logits = scores.logits
+        at = (torch.tensor(rows, device=logits.device), torch.tensor(tokens, device=logits.device))
+        logits = logits.clone()
+        logits[at] = logits[at] + torch.tensor(shifts, device=logits.device, dtype=logits.dtype)
+        scores.logits = logits
+
+
+class Finished:
+    """A finished row may only "emit" ``sentinel`` at no cost: its weight stays, and beam
+    search can keep it among the best rows."""
+
+    def __init__(self, sentinel: int):
+        self.sentinel = sentinel
+
+    def __call__(self, scores: Scores) -> None:
+        finished = [row.finished for row in scores.rows]
+        if not any(finished):
+            return
+        logits = scores.logits
+        done = torch.tensor(finished, device=logits.device)[:, None]
+        free = torch.zeros_like(logits[:1]).index_fill_(1, torch.tensor([self.sentinel], device=logits.device), 1)
+        scores.logits = torch.where(done, torch.where(free.bool(), 0.0, -torch.inf), logits)
+
+
+class ForkRanking:
+    """Rows forked from one prefix are identical at the first step: a joint sampler (beam
+    search) ranks only the first of each group, so that they choose distinct tokens."""
+
+    def __init__(self, fork: int):
+        self.fork = fork
+
+    def __call__(self, scores: Scores) -> None:
+        if scores.step == 0:
+            rank = scores.rank.clone().view(-1, self.fork)
+            rank[:, 1:] = -torch.inf
+            scores.rank = rank.view(-1)
+
+
+def run(processors: list[Processor], scores: Scores) -> Scores:
+    """Apply every processor in order."""
+    for processor in processors:
+        processor(scores)
+    return scores

@@ -1,0 +1,197 @@
+"""Per-row bookkeeping of one decoding call: text, stop strings, bans, what a rewind undoes.
+
+The loop chooses tokens for all rows at once; each row's text (UTF-8 pieces, stop
+strings, what may be streamed) and what a rewind must undo (its tokens, the step of
+each token's log-probability, the grid slot it sits in, its bans per position) live
+here, one :class:`RowState` per row.
+"""
+
+from __future__ import annotations
+
+import bisect
+import warnings
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..detok import Detokenizer, dangling
+from ..errors import BanExhausted
+
+__all__ = ["RowState", "StopStrings", "Rewind", "MAX_REWINDS", "warn_exhausted"]
+
+#: Rewinds one row may make in one call before it gives up with its clean prefix.
+MAX_REWINDS = 1000
+
+
+class StopStrings:
+    """The ``stop_at`` strings of a call: where the first of them ends a row's text."""
+
+    def __init__(self, strings: Sequence[str]):
+        self.strings = [s for s in strings if s]
+        self.longest = max((len(s) for s in self.strings), default=0)
+
+    def find(self, text: str, new: int) -> tuple[int, int] | None:
+        """``(start, end)`` of the earliest stop string that the last ``new`` characters complete."""
+        begin = max(0, len(text) - new - self.longest + 1)
+        hits = [(at, at + len(s)) for s in self.strings if (at := text.find(s, begin)) >= 0]
+        return min(hits) if hits else None
+
+
+@dataclass(frozen=True)
+class Rewind:
+    """What a rewind took back from a row: the tokens from ``keep`` on, their steps and slots."""
+
+    keep: int
+    removed: int
+    steps: list[int | None]
+    slots: list[int]
+
+
+class RowState:
+    """One row of one decoding call (copied when beams reorder rows).
+
+    It keeps what a rewind needs: each generated token, the step whose log-probability
+    it carries (``None`` for a forced token), the grid slot it sits in, and where its
+    text ends. ``base_text`` and ``base_ends`` are the row's text and token ends before
+    the call, less any last tokens whose text was held back (a character an earlier
+    call left incomplete): their text is decoded again with the tokens that complete it.
+    """
+
+    __slots__ = ("base_text", "base_ends", "context", "detok", "ends", "text", "pending", "finished", "stop",
+                 "dead", "tokens", "steps", "slots", "released", "bans", "ban", "rewinds", "healed", "dangling",
+                 "dangling_end")
+
+    def __init__(self, tokenizer, ids: list[int], text: str, ends: Sequence[int], ban=None, healed: int = 0):
+        hanging = dangling(tokenizer, ids)
+        self.base_text = text[: ends[-hanging - 1] if len(ends) > hanging else 0] if hanging else text
+        self.base_ends = tuple(ends[: len(ends) - hanging])
+        self.context = ids
+        self.healed = healed  # characters of the input that healing spells again (not part of the value)
+        self.dangling, self.dangling_end = hanging, None
+        self.detok = self._detokenizer(tokenizer, [])
+        self.ends: list[int] = []  # character ends, relative to the generated text
+        self.text = ""
+        self.pending = 0  # tokens waiting for the rest of an incomplete character
+        self.finished = False
+        self.stop: tuple[int, int] | None = None  # (start, end) of the stop string in text
+        self.dead = False  # a beam left with no allowed token: it has no value
+        self.tokens: list[int] = []
+        self.steps: list[int | None] = []
+        self.slots: list[int] = []
+        self.released = healed  # characters already streamed (the re-spelled input was, as input)
+        self.bans: dict[int, dict[int, float]] = {}  # position -> token -> factor (0: forbidden)
+        self.ban = ban  # the ban list's matcher of this row, or None
+        self.rewinds = 0
+
+    def _detokenizer(self, tokenizer, tokens: list[int]) -> Detokenizer:
+        cut = len(self.context) - self.dangling
+        detok = Detokenizer(tokenizer, self.context[:cut])
+        for t in self.context[cut:] + tokens:
+            detok.step(t)
+        return detok
+
+    def copy(self) -> "RowState":
+        new = RowState.__new__(RowState)
+        for name in self.__slots__:
+            setattr(new, name, getattr(self, name))
+        for name in ("ends", "tokens", "steps", "slots"):
+            setattr(new, name, list(getattr(self, name)))
+        new.bans = {k: dict(v) for k, v in self.bans.items()}
+        new.detok = self.detok.copy()
+        new.ban = self.ban.copy() if self.ban is not None else None
+        return new
+
+    def add(self, token_id: int, step: int | None, stops: StopStrings):
+        """Append a token; return a banned match's ``(start, factor)`` when its text makes one."""
+        self.tokens.append(token_id)
+        self.steps.append(step)
+        piece = self.detok.step(token_id)
+        if piece is None:
+            self.pending += 1
+            return None
+        self._extend(piece)
+        if stops.strings and (hit := stops.find(self.text, len(piece))) is not None:
+            self.stop = hit
+            self.finished = True
+        return self.ban.feed(piece) if self.ban is not None else None
+
+    def _extend(self, piece: str) -> None:
+        self.text += piece
+        if self.dangling and self.dangling_end is None:
+            self.dangling_end = len(self.text)
+        self.ends.extend([len(self.text)] * (self.pending + 1))
+        self.pending = 0
+
+    def rewind(self, start: int, factor: float, tokenizer) -> Rewind | None:
+        """Go back to the token where a banned match starting at character ``start`` begins.
+
+        That token is banned at its position (or down-weighted by the soft ``factor``:
+        a soft-banned phrase sampled again there stands, and ``None`` is returned).
+        """
+        keep = bisect.bisect_right(self.ends, start)
+        here = self.bans.setdefault(keep, {})
+        first = self.tokens[keep]
+        if factor > 0 and first in here:
+            return None
+        here[first] = factor
+        undone = Rewind(keep, len(self.tokens) - keep, self.steps[keep:], self.slots[keep:])
+        del self.tokens[keep:], self.steps[keep:], self.slots[keep:], self.ends[keep:]
+        self.text = self.text[: self.ends[-1]] if self.ends else ""
+        self.pending = 0
+        self.detok = self._detokenizer(tokenizer, self.tokens)
+        if not self.text:
+            self.dangling_end = None
+        if self.stop is not None and self.stop[1] > len(self.text):
+            self.stop = None
+        self.finished = False
+        for position in [p for p in self.bans if p > keep]:  # bans recorded after a prefix that changed
+            del self.bans[position]
+        if self.ban is not None:
+            self.ban.rewind(len(self.text))
+        self.rewinds += 1
+        return undone
+
+    def release(self) -> str | None:
+        """The text that may be streamed now (``None`` once finished and all given out).
+
+        All but what could still start a banned match.
+        """
+        if self.finished and self.released >= len(self.text):
+            return None
+        end = self.stop[1] if self.stop else len(self.text)
+        if not self.finished and self.ban is not None:
+            end = min(end, len(self.text) - self.ban.held())
+        piece = self.text[self.released:end] if end > self.released else ""
+        self.released = max(self.released, end)
+        return piece
+
+    def flush(self) -> None:
+        if self.pending:
+            self.pending -= 1
+            self._extend(self.detok.flush())
+
+    @property
+    def value_text(self) -> str | None:
+        """What the call generated for this row, as its value reads it (``None`` for a dead beam)."""
+        if self.dead:
+            return None
+        return (self.text[: self.stop[0]] if self.stop else self.text)[self.healed:]
+
+    @property
+    def full_text(self) -> str:
+        return self.base_text + self.text
+
+    @property
+    def cut(self) -> int:
+        """Where the row's full text ends once the call is over: after its stop string, if any."""
+        return len(self.base_text) + (self.stop[1] if self.stop else len(self.text))
+
+    def full_ends(self) -> tuple[int, ...]:
+        """The character end of every token of the row: before the call, held back, and generated."""
+        base = len(self.base_text)
+        held = (base + (self.dangling_end if self.dangling_end is not None else len(self.text)),) * self.dangling
+        return self.base_ends + held + tuple(base + e for e in self.ends)
+
+
+def warn_exhausted(r: int, row: RowState) -> None:
+    warnings.warn(f"row {r} could not avoid a banned phrase after {row.rewinds} rewinds: it ends with its "
+                  f"longest clean prefix ({len(row.tokens)} tokens)", BanExhausted, stacklevel=5)
