@@ -1,0 +1,62 @@
+"""Each row's constraint in a call: allowed tokens, forced runs, rollback, reordering."""
+
+import torch
+
+from continuous.decode.constraints import RowConstraints
+from continuous.engines import regex
+
+
+def _allowed_ids(constraints, row):
+    return {int(t) for t in constraints.allowed()[row].nonzero()}
+
+
+def _constraints(tokenizer, pattern, rows=2, engine=None):
+    constraint = regex(pattern, tokenizer, engine)
+    return RowConstraints(constraint, rows, len(tokenizer), len(tokenizer), tokenizer.eos_token_id,
+                          torch.device("cpu"))
+
+
+def test_a_forced_literal_is_forced_token_by_token_then_done(tokenizer):
+    constraints = _constraints(tokenizer, "Paris")  # llguidance forces its canonical tokens
+    spelled = []
+    while not constraints.done(0):
+        forced = constraints.forced(0)
+        assert forced
+        constraints.advance(0, forced[0])
+        spelled.append(forced[0])
+    assert tokenizer.decode(spelled) == "Paris"
+    assert _allowed_ids(constraints, 0) == {tokenizer.eos_token_id}
+    assert not constraints.done(1) and constraints.forced(1)  # the other row has not moved
+
+
+def test_a_single_allowed_token_is_forced(tokenizer):
+    constraints = _constraints(tokenizer, "7", engine="outlines_core")
+    seven = tokenizer.convert_tokens_to_ids("7")
+    assert _allowed_ids(constraints, 0) == {seven} and constraints.forced(0) == [seven]
+
+
+def test_rows_move_on_their_own_and_roll_back(tokenizer):
+    constraints = _constraints(tokenizer, "(ab|cd)e")
+    start = _allowed_ids(constraints, 0)
+    a = tokenizer.convert_tokens_to_ids("a")
+    constraints.advance(0, a)
+    assert _allowed_ids(constraints, 0) != start and _allowed_ids(constraints, 1) == start
+    constraints.rollback(0, 1)
+    assert _allowed_ids(constraints, 0) == start
+
+
+def test_select_reorders_and_copies_rows(tokenizer):
+    constraints = _constraints(tokenizer, "(ab|cd)e")
+    a = tokenizer.convert_tokens_to_ids("a")
+    constraints.advance(0, a)
+    after_a = _allowed_ids(constraints, 0)
+    constraints.select([0, 0, 1])
+    assert [_allowed_ids(constraints, r) == after_a for r in range(3)] == [True, True, False]
+    constraints.rollback(1, 1)  # a repeated row has its own matcher
+    assert _allowed_ids(constraints, 0) == after_a and _allowed_ids(constraints, 1) != after_a
+
+
+def test_free_text_allows_everything(tokenizer):
+    constraints = RowConstraints(None, 2, len(tokenizer), len(tokenizer), tokenizer.eos_token_id,
+                                 torch.device("cpu"))
+    assert constraints.allowed() is None and not constraints.done(0) and constraints.forced(0) == []

@@ -1,0 +1,112 @@
+"""A row's bookkeeping in one call: text, stop strings, bans, rewinds, what may be streamed."""
+
+import pytest
+
+from continuous.ban import BanList
+from continuous.decode.rows import RowState, StopStrings
+from continuous.layout import encode
+
+
+def _row(tokenizer, text="Hello", ban=None, healed=0):
+    ids, ends = encode(tokenizer, text, special=True)
+    return RowState(tokenizer, ids, text, ends, ban.matcher() if ban is not None else None, healed)
+
+
+def _ids(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+NO_STOP = StopStrings([])
+
+
+def test_stop_strings_find_the_earliest_completed_by_the_new_text():
+    stops = StopStrings(["ab", "b", ""])
+    assert stops.strings == ["ab", "b"] and stops.longest == 2
+    assert stops.find("xxab", 1) == (2, 4)  # "a" came before, "b" completes both: the earliest wins
+    assert stops.find("xab", 1) == (1, 3)
+    assert stops.find("abxx", 1) is None  # only matches the new characters can complete
+    assert StopStrings([]).find("anything", 3) is None
+
+
+@pytest.mark.parametrize("text", ["Alice lives in Paris.", "order 😀 shipped", "Chloé"])
+def test_tokens_added_one_by_one_spell_their_decode(tokenizer, text):
+    row = _row(tokenizer)
+    ids = _ids(tokenizer, " " + text)
+    for t in ids:
+        assert row.add(t, None, NO_STOP) is None
+    row.flush()
+    assert row.full_text == "Hello" + tokenizer.decode(ids)
+    assert len(row.full_ends()) == len(row.context) + len(ids)
+    assert row.full_ends()[-1] == len(row.full_text)
+    assert list(row.full_ends()) == sorted(row.full_ends())
+
+
+def test_a_stop_string_finishes_the_row_and_stays_out_of_the_value(tokenizer):
+    row = _row(tokenizer)
+    for t in _ids(tokenizer, " Bob. Then"):
+        row.add(t, None, StopStrings(["."]))
+        if row.finished:
+            break
+    assert row.finished and row.stop is not None
+    assert row.value_text == " Bob"
+    assert row.full_text[: row.cut] == "Hello Bob."
+
+
+def test_a_banned_match_rewinds_to_its_first_token_and_bans_it_there(tokenizer):
+    row = _row(tokenizer, ban=BanList(["Paris"]))
+    ids = _ids(tokenizer, " in Paris")
+    match = None
+    for step, t in enumerate(ids):
+        match = row.add(t, step, NO_STOP)
+        row.slots.append(step)
+    assert match is not None
+    start, factor = match
+    assert row.text[start:] == "Paris" and factor == 0
+    undone = row.rewind(start, factor, tokenizer)
+    assert row.text in (" in", " in ")  # up to the end of the token before "Paris"
+    assert undone.keep == len(row.tokens) and undone.removed == len(ids) - undone.keep
+    assert undone.slots == list(range(undone.keep, len(ids))) and undone.steps == undone.slots
+    assert row.bans == {undone.keep: {ids[undone.keep]: 0}}
+    assert row.rewinds == 1 and not row.finished
+
+
+def test_a_soft_banned_phrase_sampled_again_where_it_was_down_weighted_stands(tokenizer):
+    row = _row(tokenizer, ban=BanList({"Paris": 0.5}))
+    ids = _ids(tokenizer, " Paris")
+    for t in ids:
+        match = row.add(t, None, NO_STOP)
+    assert row.rewind(*match, tokenizer) is not None
+    for t in ids[len(row.tokens):]:
+        match = row.add(t, None, NO_STOP)
+    assert match is not None and row.rewind(*match, tokenizer) is None
+    assert row.text == " Paris"
+
+
+def test_release_holds_back_what_could_still_become_a_banned_match(tokenizer):
+    row = _row(tokenizer, ban=BanList(["Parisian"]))
+    out = ""
+    for t in _ids(tokenizer, " in Paris"):
+        row.add(t, None, NO_STOP)
+        out += row.release() or ""
+    assert out == " in "  # "Paris" may still become "Parisian"
+    row.finished = True
+    assert row.release() == "Paris"
+    assert row.release() is None  # finished and all given out
+
+
+def test_a_copy_goes_its_own_way(tokenizer):
+    row = _row(tokenizer, ban=BanList(["zz"]))
+    row.add(_ids(tokenizer, " a")[0], 0, NO_STOP)
+    twin = row.copy()
+    for t in _ids(tokenizer, " b"):
+        twin.add(t, 1, NO_STOP)
+    assert row.text == " a" and twin.text == " a b"
+    assert row.tokens != twin.tokens and row.ban.text == " a"
+
+
+def test_healed_text_is_not_part_of_the_value(tokenizer):
+    row = _row(tokenizer, "He", healed=1)  # healing re-spells the input's last character
+    for t in _ids(tokenizer, "ello there"):
+        row.add(t, None, NO_STOP)
+    assert row.text == "ello there" and row.value_text == "llo there"
+    assert row.release() == "llo there"  # the re-spelled input was streamed as input
