@@ -74,6 +74,20 @@ def test_batch_of_unequal_prompts_with_holes(arch):
     assert_continues_like_hf(hf, gen, s[1:, :])
 
 
+def test_a_row_that_ends_in_a_hole_continues_exactly(arch):
+    """Text added to one row only leaves the other ending in a hole, longer than the window:
+    its next token makes the hole interior, and windows must then count positions."""
+    name, hf, tok, model = arch
+    gen = continuous(generate.text(model))
+    s = gen([PROMPT, PROMPT[:30]], max_tokens=2)
+    s = s + [" and then a much longer addition to the first row only, well past the window.", ""]
+    assert_continues_like_hf(hf, gen, s)
+    # The same through forced runs (several tokens per row and step).
+    json_gen = continuous(generate.json(model, {"type": "string", "enum": ["a long forced literal value"]}))
+    out = json_gen(s)
+    assert_continues_like_hf(hf, gen, out)
+
+
 def test_json_equals_hf_generate_under_the_same_constraint(arch):
     name, hf, tok, model = arch
     schema = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string", "maxLength": 6}},

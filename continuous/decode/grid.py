@@ -45,6 +45,9 @@ class Grid:
         self.attention_mask = rows.attention_mask.to(device)
         self.all_real = bool(rows.attention_mask.all())
         self.holes = interior_holes(rows.attention_mask)
+        # Per row, whether it ends in a hole (it finished, or was cut shorter): its next token
+        # makes that hole interior.
+        self.trailing = (rows.attention_mask[:, -1] == 0).tolist()
         self._ones = torch.ones((rows.n_rows, 1), dtype=torch.bool, device=device)
         self.last_real: torch.Tensor | None = None  # [rows, width] of the last append, on the device
 
@@ -54,6 +57,7 @@ class Grid:
         self.token_ids, self.real = self.token_ids[rows], self.real[rows]
         self.columns = [[col[a] for a in rows] for col in self.columns]
         self.reals = [[col[a] for a in rows] for col in self.reals]
+        self.trailing = [self.trailing[a] for a in rows]
 
     def hole_at(self, row: int, slot: int) -> None:
         """Turn a generated token's slot into a hole."""
@@ -77,7 +81,10 @@ class Grid:
         self.last_real = self._ones if plain else torch.tensor(real, device=self._ones.device)
         self.attention_mask = torch.cat([self.attention_mask, self.last_real.long()], 1)
         self.all_real = self.all_real and all(map(all, real)) and not rewound
-        self.holes = self.holes or rewound or any(0 < len(c) < width for c in chunks)
+        self.holes = self.holes or rewound or any(0 < len(c) and (len(c) < width or ends_in_hole)
+                                                  for c, ends_in_hole in zip(chunks, self.trailing))
+        if width:
+            self.trailing = [not c for c in chunks]
         return slots, ids
 
     def layout(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -74,3 +74,18 @@ def test_reorder_moves_every_row_of_the_grid():
     ids, real = grid.layout()
     assert torch.equal(ids, before_ids[order]) and torch.equal(real, before_real[order])
     _check_device_mask(grid)
+
+
+def test_a_token_after_a_trailing_hole_makes_the_hole_interior():
+    grid = Grid(_rows([[5, 6], [7, 8]], [[1, 1], [1, 1]]), torch.device("cpu"))
+    grid.append([[10], []], plain=False, rewound=False)  # row 1 now ends in a hole
+    assert not grid.holes
+    grid.append([[11], [20]], plain=False, rewound=False)
+    assert grid.holes and interior_holes(grid.layout()[1])
+
+
+def test_a_row_cut_shorter_before_the_call_ends_in_a_hole():
+    grid = Grid(_rows([[5, 6, 7], [8, 0, 0]], [[1, 1, 1], [1, 0, 0]]), torch.device("cpu"))
+    assert not grid.holes
+    grid.append([[10], [20]], plain=True, rewound=False)
+    assert grid.holes
