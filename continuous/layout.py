@@ -25,8 +25,13 @@ __all__ = ["Rows", "encode", "retokenize", "interior_holes"]
 def encode(tokenizer, text: str, special: bool) -> tuple[list[int], list[int]]:
     """Token ids of ``text`` and the character end of each token.
 
-    Special tokens added by the tokenizer (BOS) end at character 0.
+    With ``special``, the tokenizer adds its special prefix (BOS), which ends at character
+    0, unless the text already starts with it (a chat template renders the BOS itself):
+    it is then the text's own first token, not a second one.
     """
+    if special and text:
+        prefix = tokenizer("", add_special_tokens=True)["input_ids"]
+        special = not (prefix and text.startswith(tokenizer.decode(prefix)))
     enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
     ends, last = [], 0
     for _, end in enc["offset_mapping"]:

@@ -110,3 +110,13 @@ def test_no_template_is_a_clear_error():
     model = models.transformers(hf, tok)
     with pytest.raises(ValueError, match="no chat template"):
         chat.prompt(model, [{"role": "user", "content": "hi"}])
+
+
+def test_a_template_that_renders_the_bos_is_encoded_with_one(chat_model):
+    msgs = [{"role": "user", "content": "What is 2+2?"}]
+    tok = chat_model.tokenizer
+    # What HF's own chat-template tokenization gives: the text as it is, no special tokens added.
+    expected = tok(chat.prompt(chat_model, msgs), add_special_tokens=False).input_ids
+    state = continuous(generate.text(chat_model))(chat.prompt(chat_model, msgs), max_tokens=0)
+    assert state.token_ids[0].tolist() == expected  # what HF's template tokenizes to: one BOS at most
+    assert str(state) == chat.prompt(chat_model, msgs)
