@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["Rows", "encode", "retokenize", "interior_holes"]
+__all__ = ["Rows", "encode", "encode_after", "retokenize", "interior_holes"]
 
 
 def encode(tokenizer, text: str, special: bool) -> tuple[list[int], list[int]]:
@@ -38,6 +38,28 @@ def encode(tokenizer, text: str, special: bool) -> tuple[list[int], list[int]]:
         last = max(last, end)  # special tokens report (0, 0)
         ends.append(last)
     return list(enc["input_ids"]), ends
+
+
+#: Text put before a window that is encoded as the middle of a longer text (then cut off).
+_ANCHOR = "\n"
+
+
+def encode_after(tokenizer, text: str, start: int, end: int) -> tuple[list[int], list[int]]:
+    """Token ids of ``text[start:end]`` as tokenized after ``text[:start]``, and their ends relative to ``start``.
+
+    A SentencePiece tokenizer puts a dummy-prefix space before the text it encodes;
+    that is right at the start of a text, not in its middle. After ``start > 0``, the
+    window is encoded after an anchor whose own tokens are then dropped; where the anchor
+    merges with the window (some tokenizer that joins them), the window is encoded alone.
+    """
+    window = text[start:end]
+    if start == 0:
+        return encode(tokenizer, window, special=False)
+    anchor, _ = encode(tokenizer, _ANCHOR, special=False)
+    ids, ends = encode(tokenizer, _ANCHOR + window, special=False)
+    if ids[: len(anchor)] == anchor:
+        return ids[len(anchor):], [e - len(_ANCHOR) for e in ends[len(anchor):]]
+    return encode(tokenizer, window, special=False)
 
 
 def retokenize(tokenizer, ids: Sequence[int], ends: Sequence[int], text: str, cut: int,
@@ -68,8 +90,8 @@ def retokenize(tokenizer, ids: Sequence[int], ends: Sequence[int], text: str, cu
     while True:
         start_tok = max(first, keep - window)
         start = ends[start_tok - 1] if start_tok > 0 else 0
-        alone, _ = encode(tokenizer, text[start:end_kept], special=False) if end_kept > start else ([], [])
-        joined, joined_ends = encode(tokenizer, text[start:end_kept] + rest, special=False)
+        alone, _ = encode_after(tokenizer, text, start, end_kept) if end_kept > start else ([], [])
+        joined, joined_ends = encode_after(tokenizer, text[:end_kept] + rest, start, end_kept + len(rest))
         same = 0
         while same < min(len(alone), len(joined)) and alone[same] == joined[same]:
             same += 1
@@ -86,7 +108,7 @@ def retokenize(tokenizer, ids: Sequence[int], ends: Sequence[int], text: str, cu
         return keep, joined[same:], [start + e for e in joined_ends[same:]]
     # The old tokens do not end where the merge starts (they were not the tokenizer's
     # own split): re-encode from the last old token boundary before it.
-    new_ids, new_ends = encode(tokenizer, text[end_kept:cut] + suffix, special=False)
+    new_ids, new_ends = encode_after(tokenizer, text[:cut] + suffix, end_kept, cut + len(suffix))
     return keep, new_ids, [end_kept + e for e in new_ends]
 
 

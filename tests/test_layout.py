@@ -1,16 +1,25 @@
 """Token boundaries and incremental text of rows."""
 
-from hypothesis import given, settings
+import pytest
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from continuous.layout import Rows, encode, retokenize
+from continuous.testing import real_tokenizer
 
 TEXT = st.text(alphabet=st.sampled_from(list("ab lo {}\":,0123é€🙂\n")), max_size=30)
 
 
+@pytest.fixture(scope="module", params=["bpe", "llama-spm"])  # byte-level BPE; SentencePiece with a dummy prefix
+def any_tokenizer(request, tokenizer):
+    return tokenizer if request.param == "bpe" else real_tokenizer(request.param)
+
+
 @settings(max_examples=200, deadline=None)
 @given(left=TEXT, right=TEXT)
-def test_appending_text_tokenizes_like_the_whole_text(tokenizer, left, right):
+@example(left="🙂", right="0")  # byte-fallback tokens, then text re-encoded alone
+def test_appending_text_tokenizes_like_the_whole_text(any_tokenizer, left, right):
+    tokenizer = any_tokenizer
     ids, ends = encode(tokenizer, left, special=True)
     keep, new_ids, new_ends = retokenize(tokenizer, ids, ends, left, len(left), right)
     whole_ids, whole_ends = encode(tokenizer, left + right, special=True)
@@ -20,7 +29,8 @@ def test_appending_text_tokenizes_like_the_whole_text(tokenizer, left, right):
 
 @settings(max_examples=200, deadline=None)
 @given(text=TEXT, cut=st.integers(0, 30))
-def test_cutting_text_tokenizes_like_the_cut_text(tokenizer, text, cut):
+def test_cutting_text_tokenizes_like_the_cut_text(any_tokenizer, text, cut):
+    tokenizer = any_tokenizer
     ids, ends = encode(tokenizer, text, special=True)
     keep, new_ids, _ = retokenize(tokenizer, ids, ends, text, min(cut, len(text)), "")
     assert ids[:keep] + new_ids == encode(tokenizer, text[:cut], special=True)[0]
