@@ -76,11 +76,12 @@ def token_strings(tokenizer) -> TokenStrings:
 def heal_length(strings: TokenStrings, text: str, ends: list[int], first: int) -> int:
     """How many last tokens to back up over (0: none), given the character end of each token.
 
-    Tokens before ``first`` (the special prefix) are never removed.
+    Tokens before ``first`` (the special prefix) are never removed, nor a row's only token:
+    a row needs one to generate from.
     """
     best = 0
     for k in range(1, MAX_HEAL + 1):
-        if len(ends) - k < first:
+        if len(ends) - k < max(first, 1):
             break
         start = ends[-k - 1] if len(ends) > k else 0
         if strings.extends(text[start:]):

@@ -91,3 +91,27 @@ def test_heal_length_and_matcher_rollback(model):
     m.fill(mask)
     assert torch.equal(mask, before)
     assert copy.remaining == removed
+
+
+def test_healing_with_no_token_to_generate_keeps_the_text(model):
+    gen = continuous(generate.text(model))
+    out = gen("Visit https://www.exa", max_tokens=0, heal=True)
+    assert str(out) == "Visit https://www.exa" and out.value == ""
+
+
+def test_stop_strings_and_bans_do_not_match_the_healed_text(model):
+    prompt = "Visit https://www.exa"
+    out = continuous(generate.text(model))(prompt, max_tokens=4, heal=True, stop_at=["exa", "www.e"])
+    assert str(out).startswith(prompt) and "exa" not in out.value
+    banned = continuous(generate.text(model, ban=["exa", "w.ex"]))(prompt, max_tokens=4, heal=True)
+    assert str(banned).startswith(prompt)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])  # no BOS: the prompt's token is the row's only one
+def test_a_one_token_prompt_without_bos_is_not_healed_away(arch):
+    hf, tok = build_arch(arch)
+    model = models.transformers(hf, tok)
+    prompt = "The"  # one token, which longer tokens extend
+    assert len(tok(prompt).input_ids) == 1
+    out = continuous(generate.text(model))(prompt, max_tokens=2, heal=True)
+    assert str(out).startswith(prompt)

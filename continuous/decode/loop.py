@@ -116,7 +116,7 @@ class Decoding:
                              "use greedy or multinomial sampling")
         check_context(model, rows, 1)
         removed = [""] * rows.n_rows
-        if options.heal:
+        if options.heal and options.max_tokens != 0:  # with no token to generate, nothing could re-spell
             rows, removed = heal_rows(tokenizer, rows)
         rows = top_up(model, rows)
         if options.fork > 1:
@@ -133,7 +133,7 @@ class Decoding:
                                           heal_matchers(tokenizer, rows, removed, constraint))
         bans = options.bans
         self.rows = [RowState(tokenizer, rows.real_ids(r), rows.texts[r], rows.ends[r],
-                              bans.matcher() if bans is not None else None, len(removed[r])) for r in range(n)]
+                              bans.matcher() if bans is not None else None, removed[r]) for r in range(n)]
         room = model.max_length - int(rows.attention_mask.sum(1).max())
         self.steps = room if options.max_tokens is None else min(options.max_tokens, room)
         for r, row in enumerate(self.rows):
@@ -288,10 +288,11 @@ class Decoding:
         texts = tuple(row.full_text for row in self.rows)
         ends = tuple(row.full_ends() for row in self.rows)
         out = Rows(token_ids, mask, self.cache, texts, ends, self.logits, tuple(self.logits_ok), self.pad)
-        # Trim columns no row uses, and cut rows whose last token ran past a stop string.
-        cuts = [row.cut for row in self.rows]
-        if any(c < len(t) for c, t in zip(cuts, texts)):
-            out = out.with_text(self.tokenizer, cuts, [""] * len(cuts))
+        # Trim columns no row uses, cut rows whose last token ran past a stop string, and give
+        # back as text what healing removed and the call ended before spelling again.
+        cuts, unspelled = [row.cut for row in self.rows], [row.unspelled for row in self.rows]
+        if any(c < len(t) for c, t in zip(cuts, texts)) or any(unspelled):
+            out = out.with_text(self.tokenizer, cuts, unspelled)
         else:
             out = out.edit([(len(e), [], [], t) for e, t in zip(ends, texts)])
         matchers = self.constraints.matchers

@@ -29,9 +29,9 @@ class StopStrings:
         self.strings = [s for s in strings if s]
         self.longest = max((len(s) for s in self.strings), default=0)
 
-    def find(self, text: str, new: int) -> tuple[int, int] | None:
-        """``(start, end)`` of the earliest stop string that the last ``new`` characters complete."""
-        begin = max(0, len(text) - new - self.longest + 1)
+    def find(self, text: str, new: int, start: int = 0) -> tuple[int, int] | None:
+        """``(start, end)`` of the earliest stop string after ``start`` that the last ``new`` characters complete."""
+        begin = max(start, len(text) - new - self.longest + 1)
         hits = [(at, at + len(s)) for s in self.strings if (at := text.find(s, begin)) >= 0]
         return min(hits) if hits else None
 
@@ -60,12 +60,12 @@ class RowState:
                  "dead", "tokens", "steps", "slots", "released", "bans", "ban", "rewinds", "healed", "dangling",
                  "dangling_end")
 
-    def __init__(self, tokenizer, ids: list[int], text: str, ends: Sequence[int], ban=None, healed: int = 0):
+    def __init__(self, tokenizer, ids: list[int], text: str, ends: Sequence[int], ban=None, healed: str = ""):
         hanging = dangling(tokenizer, ids)
         self.base_text = text[: ends[-hanging - 1] if len(ends) > hanging else 0] if hanging else text
         self.base_ends = tuple(ends[: len(ends) - hanging])
         self.context = ids
-        self.healed = healed  # characters of the input that healing spells again (not part of the value)
+        self.healed = healed  # the input's text that healing spells again (not part of the value)
         self.dangling, self.dangling_end = hanging, None
         self.detok = self._detokenizer(tokenizer, [])
         self.ends: list[int] = []  # character ends, relative to the generated text
@@ -77,7 +77,7 @@ class RowState:
         self.tokens: list[int] = []
         self.steps: list[int | None] = []
         self.slots: list[int] = []
-        self.released = healed  # characters already streamed (the re-spelled input was, as input)
+        self.released = len(healed)  # characters already streamed (the re-spelled input was, as input)
         self.bans: dict[int, dict[int, float]] = {}  # position -> token -> factor (0: forbidden)
         self.ban = ban  # the ban list's matcher of this row, or None
         self.rewinds = 0
@@ -109,10 +109,15 @@ class RowState:
             self.pending += 1
             return None
         self._extend(piece)
-        if stops.strings and (hit := stops.find(self.text, len(piece))) is not None:
+        # Text that healing spells again was the input's: stop strings and bans look past it.
+        echo = len(self.healed)
+        if stops.strings and (hit := stops.find(self.text, len(piece), echo)) is not None:
             self.stop = hit
             self.finished = True
-        return self.ban.feed(piece) if self.ban is not None else None
+        if self.ban is None or len(self.text) <= echo:
+            return None
+        match = self.ban.feed(self.text[max(echo, len(self.text) - len(piece)):])
+        return None if match is None else (echo + match[0], match[1])
 
     def _extend(self, piece: str) -> None:
         self.text += piece
@@ -146,7 +151,7 @@ class RowState:
         for position in [p for p in self.bans if p > keep]:  # bans recorded after a prefix that changed
             del self.bans[position]
         if self.ban is not None:
-            self.ban.rewind(len(self.text))
+            self.ban.rewind(max(0, len(self.text) - len(self.healed)))
         self.rewinds += 1
         return undone
 
@@ -174,7 +179,7 @@ class RowState:
         """What the call generated for this row, as its value reads it (``None`` for a dead beam)."""
         if self.dead:
             return None
-        return (self.text[: self.stop[0]] if self.stop else self.text)[self.healed:]
+        return (self.text[: self.stop[0]] if self.stop else self.text)[len(self.healed):]
 
     @property
     def full_text(self) -> str:
@@ -184,6 +189,11 @@ class RowState:
     def cut(self) -> int:
         """Where the row's full text ends once the call is over: after its stop string, if any."""
         return len(self.base_text) + (self.stop[1] if self.stop else len(self.text))
+
+    @property
+    def unspelled(self) -> str:
+        """The healed text the call ended before spelling again (it goes back as text to encode)."""
+        return self.healed[len(self.text):]
 
     def full_ends(self) -> tuple[int, ...]:
         """The character end of every token of the row: before the call, held back, and generated."""

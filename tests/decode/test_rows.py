@@ -7,7 +7,7 @@ from continuous.decode.rows import RowState, StopStrings
 from continuous.layout import encode
 
 
-def _row(tokenizer, text="Hello", ban=None, healed=0):
+def _row(tokenizer, text="Hello", ban=None, healed=""):
     ids, ends = encode(tokenizer, text, special=True)
     return RowState(tokenizer, ids, text, ends, ban.matcher() if ban is not None else None, healed)
 
@@ -105,8 +105,26 @@ def test_a_copy_goes_its_own_way(tokenizer):
 
 
 def test_healed_text_is_not_part_of_the_value(tokenizer):
-    row = _row(tokenizer, "He", healed=1)  # healing re-spells the input's last character
+    row = _row(tokenizer, "H", healed="e")  # healing re-spells the input's "e"
     for t in _ids(tokenizer, "ello there"):
         row.add(t, None, NO_STOP)
     assert row.text == "ello there" and row.value_text == "llo there"
     assert row.release() == "llo there"  # the re-spelled input was streamed as input
+
+
+def test_stop_strings_and_bans_look_past_the_healed_text(tokenizer):
+    row = _row(tokenizer, "Visit https://www.", ban=BanList(["exa"]), healed="exa")
+    ids = _ids(tokenizer, "example.com")
+    matches = [row.add(t, None, StopStrings(["exa", "."])) for t in ids]
+    assert row.stop == (len("example"), len("example."))  # not the "exa" healing spelled again
+    assert all(m is None for m in matches)
+    assert row.value_text == "mple"
+
+
+def test_healed_text_not_spelled_again_by_the_end_of_the_call_is_given_back(tokenizer):
+    row = _row(tokenizer, "Visit https://www.", healed="example")
+    row.add(_ids(tokenizer, "ex")[0], None, NO_STOP)
+    assert row.unspelled == "example"[len(row.text):] and row.unspelled
+    for t in _ids(tokenizer, "example")[1:]:
+        row.add(t, None, NO_STOP)
+    assert row.unspelled == ""
