@@ -20,28 +20,71 @@ def pieces(text, cuts):
     return [text[a:b] for a, b in zip(cuts, cuts[1:])]
 
 
-def first_match(phrases, text):
-    """Brute force: the match that ends first (the longest of those ending there), as (start, phrase)."""
+def word(c):
+    return c.isalnum() or c == "_"
+
+
+def all_matches(phrases, text):
+    """Brute force: every (start, factor) of a phrase on word boundaries, the text's end being one."""
     low = text.lower()
-    for end in range(1, len(text) + 1):
-        hits = [p for p in phrases if low[:end].endswith(p.lower())]
-        if hits:
-            p = max(hits, key=len)
-            return end - len(p), p
-    return None
+    found = set()
+    for p in phrases:
+        q = p.lower()
+        for i in range(len(low) - len(q) + 1):
+            if low[i:i + len(q)] != q:
+                continue
+            if word(q[0]) and i > 0 and word(low[i - 1]):
+                continue
+            if word(q[-1]) and i + len(q) < len(low) and word(low[i + len(q)]):
+                continue
+            found.add((i, 0.0))
+    return sorted(found)
 
 
 @settings(max_examples=200, deadline=None)
 @given(phrases=phrases_st, text=st.text(alphabet=ALPHABET, max_size=20), cuts=st.lists(st.integers(0, 20)))
-def test_the_first_match_is_found_whatever_the_pieces(phrases, text, cuts):
+def test_every_match_on_word_boundaries_is_found_whatever_the_pieces(phrases, text, cuts):
     matcher = BanList(phrases).matcher()
-    found = None
+    found = []
     for piece in pieces(text, cuts):
-        found = matcher.feed(piece)
-        if found is not None:
-            break
-    expected = first_match(phrases, text)
-    assert (found[0] if found else None) == (expected[0] if expected else None)
+        found += matcher.feed(piece)
+    found += matcher.finish()
+    assert sorted(set(found)) == all_matches(phrases, text)
+
+
+def test_a_phrase_matches_whole_words_only():
+    matcher = BanList(["a", "the end"]).matcher()
+    assert matcher.feed("banana, a") == []  # "a" ends the text: the next character decides
+    assert matcher.held() == 1
+    assert matcher.feed("n") == []  # "an": not the word "a"
+    assert matcher.feed(" a ") == [(11, 0.0)]
+    assert matcher.feed("the end") == [] and matcher.finish() == [(13, 0.0)]
+    after = BanList(["a"]).matcher(before="Mam")
+    assert after.feed("a b") == []  # the text before the generated text counts: "Mama"
+
+
+def test_a_ban_nested_in_a_soft_one_is_found_too():
+    matcher = BanList({"om": 0.9, "omar": 0}).matcher()
+    assert matcher.feed("omar ") == [(0, 0.0)]  # "om" is no whole word here
+    matcher = BanList({"om ar": 0.9, "om": 0}).matcher()
+    assert matcher.feed("om ar ") == [(0, 0.0), (0, 0.9)]  # both, the ban first
+
+
+def test_case_folding_is_unicode_case_folding():
+    assert BanList(["ΟΔΟΣ"]).matcher().feed("η οδος.") == [(2, 0.0)]
+    assert BanList(["straße"]).matcher().feed("die STRASSE.") == []  # no per-character folding of ß
+
+
+def test_a_pattern_that_looks_past_its_match_waits_for_more_text():
+    for pattern, later, kills in [(r"foo\b", "d", " "), (r"foo$", "d", None), (r"foo(?!d)", "d", "l")]:
+        matcher = BanList([regex.compile(pattern)]).matcher()
+        assert matcher.feed("a foo") == [] and matcher.held() >= 3, pattern
+        twin = matcher.copy()
+        assert matcher.feed(later) == []  # "food": no match
+        if kills is not None:
+            assert twin.feed(kills) == [(2, 0.0)], pattern
+        else:
+            assert twin.finish() == [(2, 0.0)]
 
 
 @settings(max_examples=200, deadline=None)
@@ -74,15 +117,15 @@ def test_a_rewind_equals_a_fresh_matcher_fed_the_shorter_text(phrases, text, kee
 
 def test_patterns_are_found_and_held_while_partial():
     matcher = BanList([regex.compile(r"not \w+ but")]).matcher()
-    assert matcher.feed("it is not") is None and matcher.held() == 3
-    assert matcher.feed(" this") is None and matcher.held() == len("not this")
-    assert matcher.feed(" but that") == (6, 0.0)
+    assert matcher.feed("it is not") == [] and matcher.held() == 3
+    assert matcher.feed(" this") == [] and matcher.held() == len("not this")
+    assert matcher.feed(" but that") == [(6, 0.0)]
 
 
 def test_case_and_soft_factors():
-    assert BanList(["Tapestry"]).matcher().feed("a TAPESTRY") == (2, 0.0)
-    assert BanList(["Tapestry"], case_sensitive=True).matcher().feed("a TAPESTRY") is None
-    assert BanList({"tapestry": 0.5}).matcher().feed("tapestry") == (0, 0.5)
+    assert BanList(["Tapestry"]).matcher().feed("a TAPESTRY.") == [(2, 0.0)]
+    assert BanList(["Tapestry"], case_sensitive=True).matcher().feed("a TAPESTRY.") == []
+    assert BanList({"tapestry": 0.5}).matcher().feed("tapestry ") == [(0, 0.5)]
 
 
 @pytest.mark.parametrize("bad, error", [([""], ValueError), ("tapestry", TypeError), ([3], TypeError),
@@ -113,7 +156,7 @@ def test_no_output_or_streamed_piece_contains_banned_text(model, sampler):
     state = gen(prompt, max_tokens=24, seed=3)
     values = state.value if isinstance(state.value, list) else [state.value]
     for v in values:
-        assert not any(b.lower() in v.lower() for b in banned)
+        assert not all_matches(banned, v)
     if sampler.samples == 1 and not hasattr(sampler, "temperature"):  # greedy redoes the free run: it rewound
         assert model.stats.tokens_rewound > before["tokens_rewound"]
     streamed = []
@@ -123,7 +166,7 @@ def test_no_output_or_streamed_piece_contains_banned_text(model, sampler):
     rows = list(zip(*streamed)) if isinstance(streamed[0], list) else [streamed]
     for r, row in enumerate(rows):
         assert "".join(row) == values[r]  # nothing streamed was taken back
-        assert not any(b.lower() in "".join(row).lower() for b in banned)
+        assert not all_matches(banned, "".join(row))
 
 
 def test_a_rewound_state_equals_its_recomputation_and_weights_are_masked_logprobs(model, hf_model):
@@ -147,7 +190,7 @@ def test_a_rewound_state_equals_its_recomputation_and_weights_are_masked_logprob
 
 
 def test_a_position_with_every_token_banned_ends_cleanly(model):
-    gen = continuous(generate.choice(model, ["alpha", "alps"], ban=["al"]))
+    gen = continuous(generate.choice(model, ["alpha", "alps"], ban=[regex.compile("al")]))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         state = gen("Answer:")
@@ -160,3 +203,26 @@ def test_a_position_with_every_token_banned_ends_cleanly(model):
 def test_beam_search_with_bans_is_refused(model):
     with pytest.raises(ValueError, match="beam search"):
         generate.text(model, samplers.beam_search(2), ban=["x"])
+
+
+def test_a_match_in_forced_tokens_backs_up_to_the_sampled_token(model):
+    for fast_forward in (True, False):
+        gen = continuous(generate.choice(model, ["Zanzibar", "Paris"], ban=[regex.compile("ibar")]), fast_forward=fast_forward)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", BanExhausted)
+            assert gen("City:").value == "Paris"
+
+
+def test_a_streamed_piece_is_never_taken_back_by_a_rewind_to_its_token(model):
+    """A match may start inside a token: the whole token's text is held back, not only the match's."""
+    prompt = "User: Tell me about Omar.\nAssistant:"
+    free = continuous(generate.text(model))(prompt, max_tokens=24).value
+    tokens = model.tokenizer(free, add_special_tokens=False).input_ids
+    pieces = [model.tokenizer.decode(tokens[: i + 1]) for i in range(len(tokens))]
+    # A pattern that starts in the middle of a token of the free run.
+    long = next(i for i in range(1, len(pieces)) if len(pieces[i]) - len(pieces[i - 1]) >= 3)
+    start = len(pieces[long - 1]) + 1
+    banned = regex.compile(regex.escape(free[start:start + 3]))
+    gen = continuous(generate.text(model, ban=[banned]))
+    streamed = "".join(gen.stream(prompt, max_tokens=24))
+    assert streamed == gen(prompt, max_tokens=24).value

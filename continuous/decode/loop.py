@@ -133,7 +133,8 @@ class Decoding:
                                           heal_matchers(tokenizer, rows, removed, constraint))
         bans = options.bans
         self.rows = [RowState(tokenizer, rows.real_ids(r), rows.texts[r], rows.ends[r],
-                              bans.matcher() if bans is not None else None, removed[r]) for r in range(n)]
+                              bans.matcher(rows.texts[r] + removed[r]) if bans is not None else None, removed[r])
+                     for r in range(n)]
         room = model.max_length - int(rows.attention_mask.sum(1).max())
         self.steps = room if options.max_tokens is None else min(options.max_tokens, room)
         for r, row in enumerate(self.rows):
@@ -211,7 +212,7 @@ class Decoding:
         chunks, rewound = [], 0
         for r, t in enumerate(ids):
             row = self.rows[r]
-            if row.finished or t == self.tokenizer.eos_token_id or dead[r]:
+            if row.finished or dead[r]:
                 if dead[r] and row.bans.get(len(row.tokens)):
                     warn_exhausted(r, row)  # every allowed token here starts a banned phrase
                 else:
@@ -221,36 +222,50 @@ class Decoding:
                 row.finished = True
                 chunks.append([])
                 continue
-            chunk, sampled = [t], step
-            while True:
-                self.constraints.advance(r, chunk[-1])
-                match = row.add(chunk[-1], sampled, self.stops)
-                sampled = None
-                if self.constraints.done(r) or len(row.tokens) >= self.steps:
-                    row.finished = True
-                if match is not None or row.finished or not self.options.fast_forward:
-                    break
-                forced = self.constraints.forced(r)
-                if not forced:
-                    break
-                chunk.append(forced[0])
-            if match is not None:
-                chunk, undone = self._rewind(r, match, chunk)
+            chunk, matches = [], []
+            if t == self.tokenizer.eos_token_id:
+                row.finished = True
+            else:
+                chunk, matches = self._take(r, t, step)
+            if row.finished and not matches:
+                matches = row.ending()  # a phrase at the very end waited for what follows
+            if matches:
+                chunk, undone = self._rewind(r, matches, chunk)
                 rewound += undone
             chunks.append(chunk)
         return chunks, rewound
 
-    def _rewind(self, r: int, match: tuple[int, float], chunk: list[int]) -> tuple[list[int], int]:
-        """Take row ``r`` back to where a banned match starts; return what is left of its chunk
-        and how many forwarded tokens went.
+    def _take(self, r: int, t: int, step: int) -> tuple[list[int], list[tuple[int, float]]]:
+        """Row ``r`` takes token ``t``, then any the constraint forces (fast-forward); returns
+        them and the banned matches they make."""
+        row, chunk = self.rows[r], [t]
+        # A token that was the only one allowed is forced, even when sampled: it carries no draw.
+        sampled = None if self.constraints.single[r] == t else step
+        while True:
+            self.constraints.advance(r, chunk[-1])
+            matches = row.add(chunk[-1], sampled, self.stops)
+            sampled = None
+            if self.constraints.done(r) or len(row.tokens) >= self.steps:
+                row.finished = True
+            if matches or row.finished or not self.options.fast_forward:
+                return chunk, matches
+            forced = self.constraints.forced(r)
+            if not forced:
+                return chunk, matches
+            chunk.append(forced[0])
+
+    def _rewind(self, r: int, matches: list[tuple[int, float]], chunk: list[int]) -> tuple[list[int], int]:
+        """Take row ``r`` back to where the first banned match that does not stand starts; return
+        what is left of its chunk and how many forwarded tokens went.
 
         The row's weight loses the removed tokens' log-probabilities, its constraint rolls
         back, and the slots of removed tokens already in the grid become holes.
         """
         row = self.rows[r]
         forwarded = len(row.slots)
-        undone = row.rewind(*match, self.tokenizer)
-        if undone is None:  # a soft ban sampled again where it was down-weighted: it stands
+        # A soft ban sampled again where it was down-weighted stands: the next match counts.
+        undone = next(filter(None, (row.rewind(start, factor, self.tokenizer) for start, factor in matches)), None)
+        if undone is None:
             return chunk, 0
         for s in undone.steps:
             if s is not None:

@@ -100,14 +100,14 @@ class RowState:
         new.ban = self.ban.copy() if self.ban is not None else None
         return new
 
-    def add(self, token_id: int, step: int | None, stops: StopStrings):
-        """Append a token; return a banned match's ``(start, factor)`` when its text makes one."""
+    def add(self, token_id: int, step: int | None, stops: StopStrings) -> list[tuple[int, float]]:
+        """Append a token; return the ``(start, factor)`` of the banned matches its text makes."""
         self.tokens.append(token_id)
         self.steps.append(step)
         piece = self.detok.step(token_id)
         if piece is None:
             self.pending += 1
-            return None
+            return []
         self._extend(piece)
         # Text that healing spells again was the input's: stop strings and bans look past it.
         echo = len(self.healed)
@@ -115,9 +115,25 @@ class RowState:
             self.stop = hit
             self.finished = True
         if self.ban is None or len(self.text) <= echo:
-            return None
-        match = self.ban.feed(self.text[max(echo, len(self.text) - len(piece)):])
-        return None if match is None else (echo + match[0], match[1])
+            return []
+        return [(echo + s, f) for s, f in self.ban.feed(self.text[max(echo, len(self.text) - len(piece)):])]
+
+    def ending(self) -> list[tuple[int, float]]:
+        """The banned matches that the end of the row's text completes (before it finishes)."""
+        if self.ban is None:
+            return []
+        return [(len(self.healed) + s, f) for s, f in self.ban.finish()]
+
+    def _rewind_point(self, start: int) -> int:
+        """How many tokens a rewind to a match starting at character ``start`` keeps.
+
+        It goes back to the token where the match starts, or further to the last token
+        that was sampled: a token the constraint forced could not be otherwise.
+        """
+        keep = bisect.bisect_right(self.ends, start)
+        while 0 < keep < len(self.steps) and self.steps[keep] is None:
+            keep -= 1
+        return keep
 
     def _extend(self, piece: str) -> None:
         self.text += piece
@@ -132,7 +148,7 @@ class RowState:
         That token is banned at its position (or down-weighted by the soft ``factor``:
         a soft-banned phrase sampled again there stands, and ``None`` is returned).
         """
-        keep = bisect.bisect_right(self.ends, start)
+        keep = self._rewind_point(start)
         here = self.bans.setdefault(keep, {})
         first = self.tokens[keep]
         if factor > 0 and first in here:
@@ -164,7 +180,10 @@ class RowState:
             return None
         end = self.stop[1] if self.stop else len(self.text)
         if not self.finished and self.ban is not None:
-            end = min(end, len(self.text) - self.ban.held())
+            # What a rewind could take back: from the token where a held match would start.
+            held = len(self.text) - self.ban.held()
+            keep = self._rewind_point(held)
+            end = min(end, self.ends[keep - 1] if keep else 0) if keep < len(self.ends) else min(end, held)
         piece = self.text[self.released:end] if end > self.released else ""
         self.released = max(self.released, end)
         return piece

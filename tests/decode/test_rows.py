@@ -33,7 +33,7 @@ def test_tokens_added_one_by_one_spell_their_decode(tokenizer, text):
     row = _row(tokenizer)
     ids = _ids(tokenizer, " " + text)
     for t in ids:
-        assert row.add(t, None, NO_STOP) is None
+        assert row.add(t, None, NO_STOP) == []
     row.flush()
     assert row.full_text == "Hello" + tokenizer.decode(ids)
     assert len(row.full_ends()) == len(row.context) + len(ids)
@@ -55,12 +55,13 @@ def test_a_stop_string_finishes_the_row_and_stays_out_of_the_value(tokenizer):
 def test_a_banned_match_rewinds_to_its_first_token_and_bans_it_there(tokenizer):
     row = _row(tokenizer, ban=BanList(["Paris"]))
     ids = _ids(tokenizer, " in Paris")
-    match = None
+    matches = []
     for step, t in enumerate(ids):
-        match = row.add(t, step, NO_STOP)
+        matches += row.add(t, step, NO_STOP)
         row.slots.append(step)
-    assert match is not None
-    start, factor = match
+    matches += row.ending()  # "Paris" ends the text: the end of the row decides
+    assert len(matches) == 1
+    start, factor = matches[0]
     assert row.text[start:] == "Paris" and factor == 0
     undone = row.rewind(start, factor, tokenizer)
     assert row.text in (" in", " in ")  # up to the end of the token before "Paris"
@@ -73,24 +74,26 @@ def test_a_banned_match_rewinds_to_its_first_token_and_bans_it_there(tokenizer):
 def test_a_soft_banned_phrase_sampled_again_where_it_was_down_weighted_stands(tokenizer):
     row = _row(tokenizer, ban=BanList({"Paris": 0.5}))
     ids = _ids(tokenizer, " Paris")
-    for t in ids:
-        match = row.add(t, None, NO_STOP)
-    assert row.rewind(*match, tokenizer) is not None
-    for t in ids[len(row.tokens):]:
-        match = row.add(t, None, NO_STOP)
-    assert match is not None and row.rewind(*match, tokenizer) is None
+    for step, t in enumerate(ids):
+        row.add(t, step, NO_STOP)
+    assert row.rewind(*row.ending()[0], tokenizer) is not None
+    for step, t in enumerate(ids[len(row.tokens):]):
+        row.add(t, step, NO_STOP)
+    match = row.ending()
+    assert match and row.rewind(*match[0], tokenizer) is None
     assert row.text == " Paris"
 
 
 def test_release_holds_back_what_could_still_become_a_banned_match(tokenizer):
     row = _row(tokenizer, ban=BanList(["Parisian"]))
     out = ""
-    for t in _ids(tokenizer, " in Paris"):
-        row.add(t, None, NO_STOP)
+    for step, t in enumerate(_ids(tokenizer, " in Paris")):
+        row.add(t, step, NO_STOP)
         out += row.release() or ""
-    assert out == " in "  # "Paris" may still become "Parisian"
+    # "Paris" may still become "Parisian", and a rewind would take back its whole token " Paris".
+    assert out == " in"
     row.finished = True
-    assert row.release() == "Paris"
+    assert row.release() == " Paris"
     assert row.release() is None  # finished and all given out
 
 
@@ -115,9 +118,9 @@ def test_healed_text_is_not_part_of_the_value(tokenizer):
 def test_stop_strings_and_bans_look_past_the_healed_text(tokenizer):
     row = _row(tokenizer, "Visit https://www.", ban=BanList(["exa"]), healed="exa")
     ids = _ids(tokenizer, "example.com")
-    matches = [row.add(t, None, StopStrings(["exa", "."])) for t in ids]
+    matches = [m for t in ids for m in row.add(t, None, StopStrings(["exa", "."]))]
     assert row.stop == (len("example"), len("example."))  # not the "exa" healing spelled again
-    assert all(m is None for m in matches)
+    assert matches == [] and row.ending() == []
     assert row.value_text == "mple"
 
 
