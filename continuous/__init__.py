@@ -12,6 +12,7 @@ from .errors import (
     BatchMismatch,
     BatchMismatchError,
     CacheResetWarning,
+    ContextWarning,
     SampleMismatch,
     SampleMismatchError,
     SlicingError,
@@ -22,7 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     "continuous", "ContinuousGenerator", "SequenceState", "generate", "models", "samplers", "chat",
     "SampleMismatch", "BatchMismatch", "SlicingError", "CacheResetWarning",
-    "SampleMismatchError", "BatchMismatchError", "BanExhausted",
+    "SampleMismatchError", "BatchMismatchError", "BanExhausted", "ContextWarning",
 ]
 
 # Imported on first use: a swarm server (`python -m continuous.server`) needs none of

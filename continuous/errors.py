@@ -2,7 +2,7 @@
 
 __all__ = [
     "SampleMismatch", "BatchMismatch", "SlicingError", "CacheResetWarning",
-    "SampleMismatchError", "BatchMismatchError", "BanExhausted",
+    "SampleMismatchError", "BatchMismatchError", "BanExhausted", "ContextWarning",
 ]
 
 
@@ -24,6 +24,10 @@ class CacheResetWarning(UserWarning):
 
 class BanExhausted(UserWarning):
     """A row could not avoid a banned phrase: it ends with its longest clean prefix."""
+
+
+class ContextWarning(UserWarning):
+    """The model's context ended a generation before its other limits (``finish_reasons``: ``context``)."""
 
 
 SampleMismatchError = SampleMismatch

@@ -56,10 +56,11 @@ class SequenceState:
     batch_size, num_samples, model
     """
 
-    __slots__ = ("_rows", "_weights", "batch_size", "num_samples", "model", "_values", "_parse")
+    __slots__ = ("_rows", "_weights", "batch_size", "num_samples", "model", "_values", "_parse", "_reasons")
 
     def __init__(self, model, rows: Rows, weights: torch.Tensor, batch_size: int, num_samples: int,
-                 values: Sequence[str] | None = None, parse: Callable[[str], Any] | None = None):
+                 values: Sequence[str] | None = None, parse: Callable[[str], Any] | None = None,
+                 reasons: Sequence[str | None] | None = None):
         if rows.n_rows != batch_size * num_samples:
             raise ValueError(f"{rows.n_rows} rows is not {batch_size} prompts x {num_samples} samples")
         init = object.__setattr__  # attributes are read-only once built (__setattr__ below)
@@ -70,6 +71,7 @@ class SequenceState:
         init(self, "model", model)
         init(self, "_values", tuple(values) if values is not None else None)
         init(self, "_parse", parse)
+        init(self, "_reasons", tuple(reasons) if reasons is not None else None)
 
     def __setattr__(self, name, value):
         raise AttributeError(f"a SequenceState is a value: its attribute {name!r} cannot be set "
@@ -148,6 +150,16 @@ class SequenceState:
                 raise ValueError(f"row {r}'s generated text {text!r} does not parse: {exc}") from exc
         return shape_rows(parsed, self.batch_size, self.num_samples)
 
+    @property
+    def finish_reasons(self) -> list[str | None] | None:
+        """Per row, why the most recent generation call stopped it (``None`` before any call).
+
+        ``"eos"`` (an end-of-sequence id, or the constraint complete), ``"stop"`` (a
+        ``stop_at`` string), ``"length"`` (``max_tokens``), ``"context"`` (the model's
+        context ran out; the call warned) or ``"ban_exhausted"`` (every way on was banned).
+        """
+        return list(self._reasons) if self._reasons is not None else None
+
     def __iter__(self) -> Iterator[str]:
         """The full text of each row, in row order."""
         return iter(self._rows.texts)
@@ -180,12 +192,13 @@ class SequenceState:
         """The same state with its cache released: the next call recomputes everything."""
         return self._replace(self._rows.drop_cache())
 
-    def _replace(self, rows: Rows, weights=None, batch_size=None, num_samples=None, values=...):
+    def _replace(self, rows: Rows, weights=None, batch_size=None, num_samples=None, values=..., reasons=...):
         return SequenceState(
             self.model, rows, self._weights if weights is None else weights,
             self.batch_size if batch_size is None else batch_size,
             self.num_samples if num_samples is None else num_samples,
             self._values if values is ... else values, self._parse,
+            self._reasons if reasons is ... else reasons,
         )
 
     # ------------------------------------------------------------------ indexing
@@ -201,6 +214,7 @@ class SequenceState:
             state = self._replace(
                 self._rows.select(rows), self._weights.reshape(-1)[rows], len(batches), len(samples),
                 None if self._values is None else [self._values[r] for r in rows],
+                None if self._reasons is None else [self._reasons[r] for r in rows],
             )
         if isinstance(char_key, slice):
             try:

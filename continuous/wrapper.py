@@ -153,7 +153,7 @@ class ContinuousGenerator:
         if result.complete is not None:
             texts = [t if t is None or whole else CutShort(t) for t, whole in zip(texts, result.complete)]
         return SequenceState(self.generator.model, result.rows, result.weights, batch_size, samples,
-                             texts, self.generator.parse)
+                             texts, self.generator.parse, result.reasons)
 
     def _rows_of(self, prompt) -> tuple[Rows, torch.Tensor, int, int]:
         model = self.generator.model

@@ -34,17 +34,20 @@ class RowConstraints:
     n_tokens
         Size of the tokenizer's vocabulary.
     eos
-        The EOS id.
+        The EOS id of the constraint (the tokenizer's).
     device
         Where the logits are.
+    also_eos
+        Other ids that end a row (a chat model's end of turn): allowed wherever EOS is.
     """
 
     def __init__(self, constraint, rows: int, vocab_size: int, n_tokens: int, eos: int | None,
-                 device: torch.device, matchers: list | None = None):
+                 device: torch.device, matchers: list | None = None, also_eos: tuple[int, ...] = ()):
         if matchers is None and constraint is not None:
             matchers = [constraint.matcher() for _ in range(rows)]
         self.matchers = matchers
         self.vocab_size, self.eos, self.device = vocab_size, eos, device
+        self.also_eos = list(also_eos)
         words = (vocab_size + 31) // 32
         self.bitmask = torch.zeros((rows, words), dtype=torch.int32, pin_memory=device.type == "cuda")
         self.single: list[int | None] = [None] * rows  # the one allowed token of a row, if one
@@ -77,6 +80,8 @@ class RowConstraints:
         words = self.bitmask.to(self.device, non_blocking=True)
         allowed = (words.unsqueeze(-1) & self.bits) != 0
         allowed = allowed.view(words.shape[0], -1)[:, : self.vocab_size]
+        if self.also_eos:
+            allowed[:, self.also_eos] = allowed[:, self.eos, None].clone()
         return allowed if self.free is None else allowed & self.free
 
     def advance(self, row: int, token_id: int) -> None:

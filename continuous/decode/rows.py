@@ -56,7 +56,7 @@ class RowState:
     call left incomplete): their text is decoded again with the tokens that complete it.
     """
 
-    __slots__ = ("base_text", "base_ends", "context", "detok", "ends", "text", "pending", "finished", "stop",
+    __slots__ = ("base_text", "base_ends", "context", "detok", "ends", "text", "pending", "finished", "reason", "stop",
                  "dead", "tokens", "steps", "slots", "released", "bans", "ban", "rewinds", "healed", "dangling",
                  "dangling_end")
 
@@ -72,6 +72,7 @@ class RowState:
         self.text = ""
         self.pending = 0  # tokens waiting for the rest of an incomplete character
         self.finished = False
+        self.reason: str | None = None  # why it finished: eos, stop, length, context, ban_exhausted
         self.stop: tuple[int, int] | None = None  # (start, end) of the stop string in text
         self.dead = False  # a beam left with no allowed token: it has no value
         self.tokens: list[int] = []
@@ -113,7 +114,7 @@ class RowState:
         echo = len(self.healed)
         if stops.strings and (hit := stops.find(self.text, len(piece), echo)) is not None:
             self.stop = hit
-            self.finished = True
+            self.finish("stop")
         if self.ban is None or len(self.text) <= echo:
             return []
         return [(echo + s, f) for s, f in self.ban.feed(self.text[max(echo, len(self.text) - len(piece)):])]
@@ -163,13 +164,17 @@ class RowState:
             self.dangling_end = None
         if self.stop is not None and self.stop[1] > len(self.text):
             self.stop = None
-        self.finished = False
+        self.finished, self.reason = False, None
         for position in [p for p in self.bans if p > keep]:  # bans recorded after a prefix that changed
             del self.bans[position]
         if self.ban is not None:
             self.ban.rewind(max(0, len(self.text) - len(self.healed)))
         self.rewinds += 1
         return undone
+
+    def finish(self, reason: str) -> None:
+        """The row ends here, for ``reason``."""
+        self.finished, self.reason = True, reason
 
     def release(self) -> str | None:
         """The text that may be streamed now (``None`` once finished and all given out).
@@ -224,3 +229,4 @@ class RowState:
 def warn_exhausted(r: int, row: RowState) -> None:
     warnings.warn(f"row {r} could not avoid a banned phrase after {row.rewinds} rewinds: it ends with its "
                   f"longest clean prefix ({len(row.tokens)} tokens)", BanExhausted, stacklevel=5)
+    row.finish("ban_exhausted")

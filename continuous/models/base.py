@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["Stats", "Model", "Cache", "check_layout", "position_ids"]
+__all__ = ["Stats", "Model", "Cache", "check_layout", "position_ids", "stop_ids"]
 
 
 @dataclass
@@ -99,6 +99,8 @@ class Model(Protocol):
     #: Whether the decoding loop queues each step before the host has read the last one's
     #: tokens (it pays where the device runs asynchronously).
     overlap: bool
+    #: The ids that end a row (:func:`stop_ids`).
+    eos_token_ids: tuple[int, ...]
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any,
                 logits_to_keep: int = 1, *, n_real: int | None = None, holes: bool = True,
@@ -114,6 +116,18 @@ class Model(Protocol):
         may have a hole between two of its tokens.
         """
         ...
+
+
+def stop_ids(tokenizer, generation_config=None) -> tuple[int, ...]:
+    """The ids HF ``generate`` stops on: the tokenizer's EOS, then every EOS of the generation config.
+
+    Chat models often end a turn with another token than their tokenizer's EOS
+    (``<end_of_turn>``, ``<|end|>``, ``<|eot_id|>``), listed in ``generation_config.json``.
+    """
+    ids = [tokenizer.eos_token_id]
+    extra = generation_config.eos_token_id if generation_config is not None else None
+    ids += extra if isinstance(extra, (list, tuple)) else [extra]
+    return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
 
 
 def check_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int) -> None:

@@ -22,7 +22,7 @@ import weakref
 
 import torch
 
-from .base import Stats, check_layout, position_ids
+from .base import Stats, check_layout, position_ids, stop_ids
 
 __all__ = ["Remote", "RemoteCache", "remote"]
 
@@ -130,7 +130,7 @@ class Remote:
     ``tokenizer``, ``stats``, ``vocab_size``, ``max_length``.
     """
 
-    def __init__(self, model, tokenizer, *, max_length: int, max_batch: int):
+    def __init__(self, model, tokenizer, *, max_length: int, max_batch: int, generation_config=None):
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError("continuous needs a fast (Rust) tokenizer: it maps characters to tokens "
                             "with offset mappings")
@@ -142,6 +142,7 @@ class Remote:
         self.max_batch = max_batch
         self.device = torch.device("cpu")  # embeddings and head run here; logits come back here
         self.overlap = False  # each step waits for the servers anyway
+        self.eos_token_ids = stop_ids(tokenizer, generation_config)
 
     def __repr__(self) -> str:
         return f"models.remote({self.model.config.name_or_path!r}, vocab={self.vocab_size})"
@@ -198,11 +199,16 @@ def remote(model_path, *, initial_peers, tokenizer=None, max_length: int = 1024,
         Passed to ``DistributedModelForCausalLM.from_pretrained`` (``dht_prefix``,
         ``step_timeout``, ``max_retries``, ``compression``...).
     """
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, GenerationConfig
 
     from ..remote import DistributedModelForCausalLM
 
     dmodel = DistributedModelForCausalLM.from_pretrained(model_path, initial_peers=list(initial_peers), **options)
     tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_path)
     max_length = min(max_length, getattr(dmodel.config, "max_position_embeddings", max_length))
-    return Remote(dmodel, tokenizer, max_length=max_length, max_batch=max_batch)
+    try:
+        generation_config = GenerationConfig.from_pretrained(model_path)
+    except OSError:  # no generation_config.json
+        generation_config = None
+    return Remote(dmodel, tokenizer, max_length=max_length, max_batch=max_batch,
+                  generation_config=generation_config)

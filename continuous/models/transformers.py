@@ -8,7 +8,7 @@ import weakref
 import torch
 
 from ..kv import ForwardCache, KVCache, StaticStepCache
-from .base import Stats, check_layout
+from .base import Stats, check_layout, stop_ids
 from .masks import attention_masks, check_supported, layer_kinds
 
 __all__ = ["Transformers", "transformers"]
@@ -55,6 +55,7 @@ class Transformers:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.kinds = layer_kinds(model.config)
+        self.eos_token_ids = stop_ids(tokenizer, model.generation_config)
         # Queue each decode step before the host has read the last step's ids (see
         # decoding.decode): it pays where the device runs asynchronously.
         self.overlap = self.device.type == "cuda"
