@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Sampler", "Greedy", "Multinomial", "BeamSearch", "greedy", "multinomial", "beam_search",
+__all__ = ["Sampler", "Greedy", "Multinomial", "BeamSearch", "RowDraws", "greedy", "multinomial", "beam_search",
            "check_seed"]
 
 
@@ -62,6 +62,47 @@ def check_seed(seed) -> int | None:
     return seed
 
 
+class RowDraws:
+    """Uniform draws for sampling, a stream per row, seeded from a call's generator.
+
+    The decoding loop gives a sampler one of these as its ``rng``. A row draws only where
+    it has a choice (not where its constraint forces the token), so the same seed gives
+    the same samples whether forced tokens are forwarded one per step or several at once,
+    and whatever the other rows do.
+
+    Parameters
+    ----------
+    rows
+        Number of rows.
+    rng
+        The call's CPU generator (``None``: torch's default one).
+    """
+
+    def __init__(self, rows: int, rng: torch.Generator | None):
+        seeds = torch.randint(0, 2**62, (rows,), generator=rng).tolist()
+        self.streams = [torch.Generator().manual_seed(s) for s in seeds]
+        self.choosing = [True] * rows
+
+    def uniform(self) -> torch.Tensor:
+        """``[rows, 1]`` float64 draws, one from each choosing row's stream (0.5 elsewhere, unused)."""
+        return torch.tensor([[float(torch.rand((), generator=g, dtype=torch.float64))] if c else [0.5]
+                             for g, c in zip(self.streams, self.choosing)], dtype=torch.float64)
+
+    def select(self, rows: list[int]) -> None:
+        """Reorder (and duplicate) rows: a repeated row gets a copy of its stream."""
+        seen, streams = set(), []
+        for i in rows:
+            if i in seen:
+                copy = torch.Generator()
+                copy.set_state(self.streams[i].get_state())
+                streams.append(copy)
+            else:
+                streams.append(self.streams[i])
+            seen.add(i)
+        self.streams = streams
+        self.choosing = [self.choosing[i] for i in rows]
+
+
 class Sampler:
     """Base class. ``samples`` is the number of rows per prompt the sampler keeps.
 
@@ -74,8 +115,10 @@ class Sampler:
 
     samples: int = 1
     joint = False
+    #: Whether it draws random numbers (the loop then gives it a :class:`RowDraws`).
+    random = False
 
-    def __call__(self, logits: torch.Tensor, weights: torch.Tensor, rng: torch.Generator | None,
+    def __call__(self, logits: torch.Tensor, weights: torch.Tensor, rng: "torch.Generator | RowDraws | None",
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
@@ -104,6 +147,7 @@ class Multinomial(Sampler):
     top_k: int | None = None
     top_p: float | None = None
     temperature: float = 1.0
+    random = True
 
     def __post_init__(self):
         _check_count(self.samples, "samples")
@@ -133,7 +177,10 @@ class Multinomial(Sampler):
         logprobs = torch.log_softmax(self.process(logits), dim=-1)
         # Inverse-CDF sampling from uniform draws of a CPU generator: the same seed gives
         # the same tokens whatever the device, and nothing but the draws crosses to it.
-        u = torch.rand(logits.shape[0], 1, generator=rng, dtype=torch.float64).to(logits.device)
+        if isinstance(rng, RowDraws):
+            u = rng.uniform().to(logits.device)
+        else:
+            u = torch.rand(logits.shape[0], 1, generator=rng, dtype=torch.float64).to(logits.device)
         cdf = logprobs.double().exp().cumsum(-1)
         # The first token whose CDF exceeds the draw: it has a positive probability.
         ids = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)

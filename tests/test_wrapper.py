@@ -86,7 +86,10 @@ def test_fork_computes_the_prefix_once(model):
     before = model.stats.tokens_forwarded
     state = gen(prompt, max_tokens=5, seed=0)
     assert (state.batch_size, state.num_samples) == (1, 4)
-    assert model.stats.tokens_forwarded - before == n_prompt + 4 * (5 - 1)
+    # The prompt once, then each row's tokens but a last one that no step needed to forward.
+    new = [len(state._rows.real_ids(r)) - n_prompt for r in range(4)]
+    last = [why == "length" for why in state.finish_reasons]
+    assert model.stats.tokens_forwarded - before == n_prompt + sum(new) - sum(last)
     # a one-sample state forks too; a 4-sample state continues as it is
     base = continuous(generate.text(model))(prompt, max_tokens=2)
     assert gen(base, max_tokens=2, seed=1).num_samples == 4

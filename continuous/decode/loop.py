@@ -21,12 +21,12 @@ import torch
 from ..errors import ContextWarning
 from ..heal import heal_matchers, heal_rows
 from ..layout import Rows
-from ..samplers import Sampler
+from ..samplers import RowDraws, Sampler
 from .constraints import RowConstraints
 from .grid import Grid
 from .overlap import Queued, to_host
 from .prefill import check_context, top_up
-from .processors import Banned, Constrained, Finished, ForkRanking, Scores, run
+from .processors import Banned, Constrained, Finished, Forced, ForkRanking, Scores, run
 from .rows import MAX_REWINDS, RowState, StopStrings, warn_exhausted
 
 __all__ = ["Generation", "Options", "Decoding", "decode"]
@@ -149,7 +149,8 @@ class Decoding:
         self.grid = Grid(rows, device)
         self.stops = StopStrings(options.stop_at)
         sentinel = eos if eos is not None else next(iter(self.eos), 0)
-        self.processors = [Constrained(self.constraints), Banned(), Finished(sentinel)]
+        self.processors = [Constrained(self.constraints), Forced(), Banned(), Finished(sentinel)]
+        self.draws = RowDraws(n, options.rng) if sampler.random else None
         if sampler.joint and options.fork > 1:
             self.processors.append(ForkRanking(options.fork))
         # The queued step's input is the sampled token whatever the constraint: its mask for
@@ -163,7 +164,7 @@ class Decoding:
         while not all(row.finished for row in self.rows):
             running = not any(row.finished for row in self.rows)
             scores = run(self.processors, Scores(self.logits, self.weights, step, self.rows))
-            ids, ancestors, weights = self.sampler(scores.logits, scores.rank, self.options.rng)
+            ids, ancestors, weights = self.sampler(scores.logits, scores.rank, self._rng())
             self.step_logprobs.append(weights - self.weights[ancestors])
             self.weights = weights
             # The one transfer of the step: ids, ancestors and which rows are left with no allowed token.
@@ -203,6 +204,19 @@ class Decoding:
                 break
             if any(chunks):  # else every row went back to the start of the call: its logits are kept
                 self._forward(ids[:, None] if plain else new_ids, sum(map(len, chunks)), plain)
+        for row in self.rows:  # a character left incomplete ends the text as replacement characters
+            row.flush()
+        last = [row.release() for row in self.rows]
+        if any(last):
+            yield last
+
+    def _rng(self):
+        """What the sampler draws from: each row's own stream, drawn only where the row has a choice."""
+        if self.draws is None:
+            return self.options.rng
+        self.draws.choosing = [not row.finished and row.forced_next is None and single is None
+                               for row, single in zip(self.rows, self.constraints.single)]
+        return self.draws
 
     def _reorder(self, rows: list[int], index: torch.Tensor) -> None:
         """Beams: row ``i`` continues row ``rows[i]`` (``index`` is the same on the device)."""
@@ -210,6 +224,8 @@ class Decoding:
         self.grid.reorder(rows, index)
         self.cache = self.cache.select_rows(index) if self.cache is not None else None
         self.constraints.select(rows)
+        if self.draws is not None:
+            self.draws.select(rows)
         self.rows = [self.rows[a].copy() for a in rows]
         self.logits_ok = [self.logits_ok[a] for a in rows]
 
@@ -248,8 +264,9 @@ class Decoding:
         """Row ``r`` takes token ``t``, then any the constraint forces (fast-forward); returns
         them and the banned matches they make."""
         row, chunk = self.rows[r], [t]
-        # A token that was the only one allowed is forced, even when sampled: it carries no draw.
-        sampled = None if self.constraints.single[r] == t else step
+        # A token the constraint forced (the only one allowed) was not chosen: it carries no weight.
+        sampled = None if t in (row.forced_next, self.constraints.single[r]) else step
+        row.forced_next = None
         while True:
             self.constraints.advance(r, chunk[-1])
             matches = row.add(chunk[-1], sampled, self.stops)
@@ -258,10 +275,12 @@ class Decoding:
                 row.finish("eos")
             elif len(row.tokens) >= self.steps:
                 row.finish(self.limit)
-            if matches or row.finished or not self.options.fast_forward:
+            if matches or row.finished:
                 return chunk, matches
             forced = self.constraints.forced(r)
-            if not forced:
+            if forced and not self.options.fast_forward:
+                row.forced_next = forced[0]  # the next step takes it
+            if not forced or not self.options.fast_forward:
                 return chunk, matches
             chunk.append(forced[0])
 

@@ -17,7 +17,7 @@ import torch
 from .constraints import RowConstraints
 from .rows import RowState
 
-__all__ = ["Scores", "Processor", "Constrained", "Banned", "Finished", "ForkRanking", "run"]
+__all__ = ["Scores", "Processor", "Constrained", "Forced", "Banned", "Finished", "ForkRanking", "run"]
 
 
 @dataclass
@@ -57,6 +57,21 @@ class Constrained:
         allowed = self.constraints.allowed()
         if allowed is not None:
             scores.logits = scores.logits.masked_fill(~allowed, -torch.inf)
+
+
+class Forced:
+    """A row whose constraint forces its next token takes it, at no cost (without fast-forward,
+    forced tokens come one per step: they are the same tokens, and carry no weight)."""
+
+    def __call__(self, scores: Scores) -> None:
+        forced = [(r, row.forced_next) for r, row in enumerate(scores.rows) if row.forced_next is not None]
+        if not forced:
+            return
+        logits = scores.logits.clone()
+        rows, tokens = (torch.tensor(x, device=logits.device) for x in zip(*forced))
+        logits[rows] = -torch.inf
+        logits[rows, tokens] = 0.0
+        scores.logits = logits
 
 
 class Banned:

@@ -58,7 +58,7 @@ class RowState:
 
     __slots__ = ("base_text", "base_ends", "context", "detok", "ends", "text", "pending", "finished", "reason", "stop",
                  "dead", "tokens", "steps", "slots", "released", "bans", "ban", "rewinds", "healed", "dangling",
-                 "dangling_end")
+                 "dangling_end", "forced_next")
 
     def __init__(self, tokenizer, ids: list[int], text: str, ends: Sequence[int], ban=None, healed: str = ""):
         hanging = dangling(tokenizer, ids)
@@ -82,6 +82,7 @@ class RowState:
         self.bans: dict[int, dict[int, float]] = {}  # position -> token -> factor (0: forbidden)
         self.ban = ban  # the ban list's matcher of this row, or None
         self.rewinds = 0
+        self.forced_next: int | None = None  # the token the constraint forces next, taken at the next step
 
     def _detokenizer(self, tokenizer, tokens: list[int]) -> Detokenizer:
         cut = len(self.context) - self.dangling
@@ -164,7 +165,7 @@ class RowState:
             self.dangling_end = None
         if self.stop is not None and self.stop[1] > len(self.text):
             self.stop = None
-        self.finished, self.reason = False, None
+        self.finished, self.reason, self.forced_next = False, None, None
         for position in [p for p in self.bans if p > keep]:  # bans recorded after a prefix that changed
             del self.bans[position]
         if self.ban is not None:
