@@ -191,18 +191,26 @@ class Conversation:
         """
         target = self.text()
         start = target if self.state is None else sync(self.state, target)
-        self.state = generator(start, **call_kwargs)
-        full = str(self.state)
+        state = generator(start, **call_kwargs)
+        if state.batch_size * state.num_samples != 1:
+            raise ValueError("a conversation has one row: reply with a generator of one sample")
+        full = str(state)
         if not full.startswith(target):  # the generator keeps its input's text; anything else is a bug
             raise RuntimeError("the generated state does not start with the conversation's text")
+        # The message is what was generated, without a stop string; the state is cut there too
+        # (its cache kept), so that the next rendering extends it.
         answer = full[len(target):]
+        value = state._values[0] if state._values is not None and state._values[0] is not None else answer
+        answer = answer[: len(value)] if answer.startswith(value) else answer
         eos = getattr(_tokenizer(self.model), "eos_token", None)
         if eos and answer.endswith(eos):
-            # A decoder that keeps the EOS token's text: the message's content is what
-            # the template wraps in its own end-of-turn marker, so cut it (the cache of
-            # the rest is kept) rather than have the next sync see a rewrite.
+            # A decoder that keeps the EOS token's text: the message's content is what the
+            # template wraps in its own end-of-turn marker.
             answer = answer[: -len(eos)]
-            self.state = self.state[: len(full) - len(eos)]
+        if len(target) + len(answer) < len(full):
+            state = state[: len(target) + len(answer)]
+        # Only a reply that went through changes the conversation: a failed one leaves it as it was.
+        self.state = state
         self.messages.append({"role": "assistant", "content": answer})
         return answer
 

@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 
-from continuous import chat, continuous, generate, models
+from continuous import chat, continuous, generate, models, samplers
 from continuous.testing import build_arch
 
 # Rewrites the first turn: the system line counts the messages, so every new message
@@ -120,3 +120,31 @@ def test_a_template_that_renders_the_bos_is_encoded_with_one(chat_model):
     state = continuous(generate.text(chat_model))(chat.prompt(chat_model, msgs), max_tokens=0)
     assert state.token_ids[0].tolist() == expected  # what HF's template tokenizes to: one BOS at most
     assert str(state) == chat.prompt(chat_model, msgs)
+
+
+def test_a_stop_string_is_not_part_of_the_message(chat_model):
+    gen = continuous(generate.text(chat_model))
+    free = gen(chat.prompt(chat_model, [{"role": "user", "content": "Hello!"}]), max_tokens=6).value
+    stop = free[2:4]
+    conv = chat.Conversation(chat_model, [{"role": "user", "content": "Hello!"}])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", chat.TemplateRewriteWarning)
+        answer = conv.reply(gen, max_tokens=6, stop_at=stop)
+        assert stop not in answer and answer == free[: free.index(stop)]
+        assert str(conv.state) == conv.text()[: len(str(conv.state))]
+        conv.add("user", "And then?")
+        conv.reply(gen, max_tokens=2)  # the template extends the state: no rewrite
+
+
+def test_a_failed_reply_leaves_the_conversation_as_it_was(chat_model):
+    gen = continuous(generate.text(chat_model))
+    conv = chat.Conversation(chat_model, [{"role": "user", "content": "Hello!"}])
+    conv.reply(gen, max_tokens=3)
+    conv.add("user", "And then?")
+    messages, state = list(conv.messages), conv.state
+    with pytest.raises(ValueError):
+        conv.reply(continuous(generate.text(chat_model, samplers.multinomial(2))), max_tokens=2)
+    assert conv.messages == messages and conv.state is state
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", chat.TemplateRewriteWarning)
+        assert conv.reply(gen, max_tokens=2) == conv.messages[-1]["content"]
