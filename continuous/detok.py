@@ -173,13 +173,16 @@ class Detokenizer:
 
 
 def dangling(tokenizer, context: Sequence[int]) -> int:
-    """How many last tokens of ``context`` are held back (their text is not out yet).
+    """How many last tokens of ``context`` end inside a character (their text is not whole yet).
 
-    A call that stopped there flushed them (as replacement characters where a character
-    was incomplete); the next call decodes them again with the tokens that follow.
+    A call that stopped there flushed them as replacement characters; the next call
+    decodes them again with the tokens that complete the character. A context whose text
+    is whole (a prompt that ends with a byte-fallback token such as ``"\n"``) has none.
     """
     ids = [int(i) for i in context]
     tail = ids[-_DANGLING:]
+    if not backend_of(tokenizer).decode(tail, skip_special_tokens=False).endswith("\ufffd"):
+        return 0
     detok = Detokenizer(tokenizer, ids[-_DANGLING - _CONTEXT:-_DANGLING] if len(ids) > _DANGLING else [])
     held = 0
     for t in tail:

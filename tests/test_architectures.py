@@ -120,3 +120,18 @@ def test_unsupported_state_is_refused():
     hf = AutoModelForCausalLM.from_config(config)
     with pytest.raises(ValueError, match="cannot be cropped"):
         models.transformers(hf, real_tokenizer("gpt-2"))
+
+
+@pytest.mark.parametrize("name", ["mistral", "phi3"])  # byte-fallback vocabularies: "\n" is <0x0A>
+def test_a_prompt_ending_in_a_byte_token_keeps_its_text_out_of_the_value(name):
+    hf, tok = build_arch(name)
+    model = models.transformers(hf, tok)
+    prompt = "Capital:\n"
+    assert tok.convert_ids_to_tokens(tok(prompt).input_ids)[-1] == "<0x0A>"
+    choice = continuous(generate.choice(model, ["Lima", "Paris"]))(prompt)
+    assert choice.value in ("Lima", "Paris") and str(choice) == prompt + choice.value
+    stopped = continuous(generate.text(model))(prompt, max_tokens=6, stop_at="\n")
+    assert str(stopped).startswith(prompt)
+    assert stopped.value  # the prompt's "\n" is no stop string of this call
+    nothing = continuous(generate.text(model))(prompt, max_tokens=0)
+    assert str(nothing) == prompt and nothing._rows.ends == (tuple(e for _, e in tok(prompt, return_offsets_mapping=True)["offset_mapping"]),)

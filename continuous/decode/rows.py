@@ -56,12 +56,13 @@ class RowState:
     call left incomplete): their text is decoded again with the tokens that complete it.
     """
 
-    __slots__ = ("base_text", "base_ends", "context", "detok", "ends", "text", "pending", "finished", "reason", "stop",
+    __slots__ = ("input", "base_text", "base_ends", "context", "detok", "ends", "text", "pending", "finished", "reason", "stop",
                  "dead", "tokens", "steps", "slots", "released", "bans", "ban", "rewinds", "healed", "dangling",
                  "dangling_end", "forced_next")
 
     def __init__(self, tokenizer, ids: list[int], text: str, ends: Sequence[int], ban=None, healed: str = ""):
         hanging = dangling(tokenizer, ids)
+        self.input = (text, tuple(ends))
         self.base_text = text[: ends[-hanging - 1] if len(ends) > hanging else 0] if hanging else text
         self.base_ends = tuple(ends[: len(ends) - hanging])
         self.context = ids
@@ -208,12 +209,14 @@ class RowState:
 
     @property
     def full_text(self) -> str:
+        if not self.tokens:  # nothing new: held-back tokens keep the text they had
+            return self.input[0]
         return self.base_text + self.text
 
     @property
     def cut(self) -> int:
         """Where the row's full text ends once the call is over: after its stop string, if any."""
-        return len(self.base_text) + (self.stop[1] if self.stop else len(self.text))
+        return len(self.base_text) + self.stop[1] if self.stop else len(self.full_text)
 
     @property
     def unspelled(self) -> str:
@@ -222,6 +225,8 @@ class RowState:
 
     def full_ends(self) -> tuple[int, ...]:
         """The character end of every token of the row: before the call, held back, and generated."""
+        if not self.tokens:
+            return self.input[1]
         base = len(self.base_text)
         held = (base + (self.dangling_end if self.dangling_end is not None else len(self.text)),) * self.dangling
         return self.base_ends + held + tuple(base + e for e in self.ends)
