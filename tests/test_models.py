@@ -41,3 +41,22 @@ def test_forward_with_holes_matches_a_plain_forward(model, hf_model, tokenizer):
     assert cache.length == grid.shape[1]
     with pytest.raises(ValueError):
         model.forward(grid[:, 6:], mask[:, :5], cache)
+
+
+@pytest.mark.parametrize("kind, params", [
+    ("t5", dict(d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8, vocab_size=64)),
+    ("bert", dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64)),
+])
+def test_a_model_that_is_not_a_causal_lm_is_refused(tmp_path, tokenizer, kind, params):
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.for_model(kind, **params)
+    AutoModel.from_config(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="decoder-only causal LM"):
+        models.transformers(tmp_path)
+    if kind == "bert":
+        from transformers import BertLMHeadModel
+
+        with pytest.raises(ValueError, match="encoder"):
+            models.transformers(BertLMHeadModel(config), tokenizer)

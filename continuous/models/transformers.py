@@ -11,7 +11,7 @@ from ..kv import ForwardCache, KVCache, StaticStepCache
 from .base import Stats, check_layout, stop_ids
 from .masks import attention_masks, check_supported, layer_kinds
 
-__all__ = ["Transformers", "transformers"]
+__all__ = ["Transformers", "transformers", "check_causal"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ class Transformers:
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError("continuous needs a fast (Rust) tokenizer: it maps characters to tokens "
                             "with offset mappings")
+        check_causal(model.config)
         check_supported(model)
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -189,6 +190,26 @@ class Transformers:
                           past_key_values=cache, use_cache=True, logits_to_keep=keep).logits.float()
 
 
+def check_causal(config) -> None:
+    """Refuse, naming what to use instead, a model that is not a decoder-only causal LM.
+
+    Raises
+    ------
+    ValueError
+        For an encoder-decoder model (T5, BART) or an encoder (BERT, RoBERTa) whose
+        attention sees the whole text unless its config makes it a decoder.
+    """
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    kind = config.model_type
+    if config.is_encoder_decoder:
+        raise ValueError(f"{kind} is an encoder-decoder model: continuous generates with decoder-only causal LMs "
+                         "(AutoModelForCausalLM: Llama, Qwen, Mistral, Gemma, Phi, GPT-2...)")
+    if kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not config.is_decoder:
+        raise ValueError(f"{kind} is an encoder: its attention sees the whole text, so it cannot generate "
+                         "token by token; use a decoder-only causal LM (or a config with is_decoder=True)")
+
+
 def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, compile: bool | str = False,
                  ) -> Transformers:
     """A local transformers model.
@@ -225,7 +246,10 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if isinstance(model_or_path, (str, bytes)) or hasattr(model_or_path, "__fspath__"):
+        from transformers import AutoConfig
+
         path = str(model_or_path)
+        check_causal(AutoConfig.from_pretrained(path))
         kwargs = {"dtype": dtype} if dtype is not None else {}
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
         tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
