@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent
 # from every library (outlines imports jsonschema). Scripts still find each other last.
 if sys.path and os.path.realpath(sys.path[0] or ".") == str(ROOT):
     sys.path.append(sys.path.pop(0))
+sys.path.append(str(ROOT.parent / "tests"))  # the test tools: models and real tokenizers built offline
 
 import torch  # noqa: E402
 MODELS = ROOT / ".models"

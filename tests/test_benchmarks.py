@@ -21,6 +21,7 @@ KEYS = {
     "floor": {"ms_per_token": None, "floor_ms_per_token": None, "gemv_sweep_ms": None},
     "decode": {"ms_per_token": {"100", "1000"}},
     "swarm": {"identical": None, "ms_per_token": {"local", "remote"}, "failover": {"identical", "recovery_s"}},
+    "real": {"multiturn": None, "json": {"ms_per_output_token", "forward_calls", "correct_fields"}},
 }
 
 
@@ -111,3 +112,12 @@ def test_gpu_benchmark_runs_on_the_cpu():
     assert result["long"]["tokens"] >= 500 and set(result["long"]["seconds"]) == {"continuous", "hf"}
     assert set(result["fork_s"]) == {"continuous", "hf"}
     assert all(v > 0 for section in ("multiturn_s", "constraint_ms", "fork_s") for v in result[section].values())
+
+
+@pytest.mark.real
+def test_real_model_chat_forwards_what_the_ideal_loop_does_and_extracts_right():
+    result = run("real")
+    chat, extraction = result["multiturn"], result["json"]
+    assert chat["tokens"]["continuous"] == chat["tokens"]["ideal"] and chat["same_answers_as_ideal"]
+    assert extraction["correct_fields"] == "9/9"
+    assert extraction["forward_calls"]["json_ff"] < extraction["forward_calls"]["json"]
