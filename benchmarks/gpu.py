@@ -19,7 +19,9 @@ one process and get the same ids, prefill, dtype and max tokens:
 - long: a 15k-token prompt + 16 tokens: seconds (from text, tokenizing included) and
   peak memory above the weights, against HF ``generate``; each warmed up once;
 - fork: 8 samples x 32 tokens from a 512-token prompt, against HF ``generate``'s
-  sampling with ``num_return_sequences=8``.
+  sampling with ``num_return_sequences=8``;
+- real: the ``real`` benchmark's workloads (multi-turn chat and JSON extraction on the
+  trained SmolLM2-135M-Instruct, in bf16), eager and compiled.
 
 ``--device cpu --quick`` runs a small shape on the CPU so that the script is tested
 where there is no GPU; its figures say nothing about a GPU.
@@ -47,7 +49,7 @@ def parse_args():
     parser.add_argument("--quick", action="store_true", help="small shape and sizes (a smoke run)")
     parser.add_argument("--save", action="store_true", help="write benchmarks/results/gpu.json")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--only", help="comma-separated sections: decode,multiturn,constraint,long,fork")
+    parser.add_argument("--only", help="comma-separated sections: decode,multiturn,constraint,long,fork,real")
     return parser.parse_args()
 
 
@@ -116,7 +118,7 @@ def main():
     model = models.transformers(hf, tok)
     n_decode, prompt_len, long_len = (16, 64, 512) if args.quick else (128, 512, 15000)
     compiled = models.transformers(hf, tok, compile=True)
-    want = set(args.only.split(",")) if args.only else {"decode", "multiturn", "constraint", "long", "fork"}
+    want = set(args.only.split(",")) if args.only else {"decode", "multiturn", "constraint", "long", "fork", "real"}
     r = lambda x: None if x is None else round(x, 3)  # noqa: E731
     table = [("", "continuous", "reference", "ratio")]
     result = {"bench": "gpu", "device": device, "quick": args.quick}
@@ -155,7 +157,29 @@ def main():
     if "fork" in want:
         f = result["fork_s"] = {k: r(v) for k, v in fork(hf, model, tok, args, device).items()}
         row("fork 8 x 32 s vs HF sampling", f["continuous"], f["hf"])
+    if "real" in want:
+        real = result["real"] = real_model(args, device)
+        for suffix in ("", "_compiled"):
+            chat, extraction = real["multiturn" + suffix]["seconds"], real["json" + suffix]["ms_per_output_token"]
+            label = "SmolLM2" + suffix.replace("_", " ")
+            row(f"{label} chat s vs ideal", chat["continuous"], chat["ideal"])
+            row(f"{label} chat s vs outlines", chat["continuous"], chat["outlines"])
+            row(f"{label} JSON fast-forward vs free ms/token", extraction["json_ff"], extraction["free"])
     emit("gpu", table, result, args.save)
+
+
+def real_model(args, device):
+    """The ``real`` benchmark's chat and extraction on SmolLM2, eager and compiled."""
+    from real import extraction, multiturn
+    from support.real import smollm2
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    out = {}
+    for suffix, compiled in (("", False), ("_compiled", True)):
+        model = models.transformers(smollm2(), device=device, dtype=dtype, compile=compiled)
+        out["multiturn" + suffix] = multiturn(model, args)
+        out["json" + suffix] = extraction(model, args)
+    return out
 
 
 def decode(hf, tok, model, compiled, prompt_len, n_decode, args, device):

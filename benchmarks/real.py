@@ -104,6 +104,8 @@ def multiturn(model, args):
     questions = QUESTIONS[:3] if args.quick else QUESTIONS
     runs = {"continuous": continuous_chat, "ideal": ideal_chat, "outlines": outlines_chat}
     seconds, tokens, answers = {k: [] for k in runs}, {}, {}
+    for run in runs.values():
+        run(model, questions[:1], 4)  # warm up: first calls set up kernels and caches
     for _ in range(args.reps):
         for name, run in runs.items():
             (messages, forwarded), t = timed(lambda: run(model, questions, 48))
@@ -134,6 +136,8 @@ def extraction(model, args):
             "json": continuous(generate.json(model, Order), fast_forward=False),
             "json_ff": continuous(generate.json(model, Order))}
     bases = [gens["free"](p, max_tokens=0) for p, _ in prompts]  # prefilled once: decoding is timed
+    for gen in gens.values():
+        gen(bases[0], max_tokens=4)  # warm up (the constraint's tokenizer conversion, first kernels)
     per_token, calls, correct = {k: [] for k in gens}, {}, 0
     for _ in range(args.reps):
         for name, gen in gens.items():
