@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-import continuous.guides as guides
 from common import setup, count_positions, emit, median, random_text, timed
 from continuous import continuous, generate
+from continuous.engines import caches
 
 
 class Item(BaseModel):
@@ -28,8 +28,7 @@ def main():
     n = 16 if args.quick else 64
 
     # Build times: cold clears the in-memory caches; warm builds the same generator again.
-    guides._INDEXES.clear()
-    guides._VOCABS.clear()
+    caches.clear()
     _, cold = timed(lambda: generate.json(model, Item))
     warm = median([timed(lambda: generate.json(model, Item))[1] for _ in range(5)])
 

@@ -144,11 +144,9 @@ def _clear_caches(engine: str) -> None:
     # A worker compiles thousands of distinct schemas once each: drop the indexes so
     # its memory stays that of one schema (the library caches them for reuse).
     if engine == "outlines_core":
-        from continuous import guides
-        from continuous.engines import outlines_core
+        from continuous.engines import caches
 
-        guides._INDEXES.clear()
-        outlines_core._CONSTRAINTS.clear()
+        caches.clear(compiled_only=True)
 
 
 def _serve(conn) -> None:
@@ -322,7 +320,7 @@ def main() -> None:
     # Built once in the parent so that the forked workers share them and compile times
     # measure the schema alone.
     from continuous.engines.llguidance import lltokenizer
-    from continuous.guides import vocabulary
+    from continuous.engines.outlines_core import vocabulary
 
     lltokenizer(_TOKENIZER)
     vocabulary(_TOKENIZER)

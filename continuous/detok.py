@@ -13,6 +13,8 @@ from typing import Sequence
 
 from tokenizers.decoders import DecodeStream
 
+from .engines import caches
+
 __all__ = ["Detokenizer", "backend_of", "dangling"]
 
 # Tokens of context the stream is primed with. A few are enough for every decoder we
@@ -36,16 +38,13 @@ def backend_of(tokenizer):
     return backend
 
 
-_BYTE_TOKENS: dict[int, frozenset[int]] = {}
-
-
 def _byte_tokens(backend) -> frozenset[int]:
     """The ids of a byte-fallback vocabulary's ``<0xXX>`` tokens (none for byte-level BPE)."""
-    key = id(backend)
-    if key not in _BYTE_TOKENS:
+    def find():
         found = (backend.token_to_id(f"<0x{b:02X}>") for b in range(256))
-        _BYTE_TOKENS[key] = frozenset(i for i in found if i is not None)
-    return _BYTE_TOKENS[key]
+        return frozenset(i for i in found if i is not None)
+
+    return caches.derived(backend, "byte tokens", find)
 
 
 class Detokenizer:

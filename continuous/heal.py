@@ -15,19 +15,15 @@ from __future__ import annotations
 
 import bisect
 import copy
-import threading
-import weakref
 
 import torch
+
+from .engines import bits, caches
 
 __all__ = ["MAX_HEAL", "TokenStrings", "token_strings", "heal_length", "HealMatcher", "heal_rows", "heal_matchers"]
 
 #: The most tokens healing backs up over.
 MAX_HEAL = 3
-
-_LOCK = threading.Lock()
-_STRINGS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
 
 class TokenStrings:
     """Each token's text, sorted for prefix queries. Build it with :func:`token_strings`."""
@@ -63,14 +59,8 @@ class TokenStrings:
 
 
 def token_strings(tokenizer) -> TokenStrings:
-    """The :class:`TokenStrings` of a tokenizer, built once."""
-    with _LOCK:
-        found = _STRINGS.get(tokenizer)
-    if found is None:
-        found = TokenStrings(tokenizer)
-        with _LOCK:
-            _STRINGS[tokenizer] = found
-    return found
+    """The :class:`TokenStrings` of a tokenizer, built once while it lives."""
+    return caches.derived(tokenizer, "token strings", lambda: TokenStrings(tokenizer))
 
 
 def heal_length(strings: TokenStrings, text: str, ends: list[int], first: int) -> int:
@@ -125,9 +115,8 @@ class HealMatcher:
         """The allowed first tokens, each with the inner constraint's token it also spells (or ``None``)."""
         inner_allows = None
         if self.inner is not None:
-            mask = torch.zeros((self.n_tokens + 31) // 32 + 1, dtype=torch.int32)
-            self.inner.fill(mask)
-            inner_allows = mask
+            inner_allows = torch.zeros(bits.words(self.n_tokens) + 1, dtype=torch.int32)
+            self.inner.fill(inner_allows)
         first: dict[int, int | None] = {}
         for t in self.strings.starting_with(removed):
             rest = self.strings.text[t][len(removed):]
@@ -137,7 +126,7 @@ class HealMatcher:
                 first[t] = None
             else:
                 for u in self.strings.by_text.get(rest, ()):
-                    if int(inner_allows[u // 32]) >> (u % 32) & 1:
+                    if bits.has(inner_allows, u):
                         first[t] = u
                         break
         if first:
@@ -152,14 +141,14 @@ class HealMatcher:
 
     def fill(self, bitmask: torch.Tensor) -> None:
         if not self.history and self.first:
-            _set_bits(bitmask, sorted(self.first), self.n_tokens)
+            bits.pack(self.first, bitmask, self.n_tokens)
         elif self.remaining:
             ids = [i for k in range(1, len(self.remaining) + 1) for i in self.strings.by_text.get(self.remaining[:k], ())]
-            _set_bits(bitmask, sorted(ids), self.n_tokens)
+            bits.pack(ids, bitmask, self.n_tokens)
         elif self.inner is not None:
             self.inner.fill(bitmask)
         else:
-            _set_bits(bitmask, None, self.n_tokens)
+            bits.pack(None, bitmask, self.n_tokens)
 
     def advance(self, token_id: int) -> None:
         if not self.remaining:
@@ -206,18 +195,6 @@ class HealMatcher:
         new.history = list(self.history)
         new.inner = self.inner.copy() if self.inner is not None else None
         return new
-
-
-def _set_bits(bitmask: torch.Tensor, ids: list[int] | None, n_tokens: int) -> None:
-    """Write the allowed ids (``None``: every id below ``n_tokens``) into a packed int32 row."""
-    allowed = torch.zeros(bitmask.numel() * 32, dtype=torch.bool)
-    if ids is None:
-        allowed[:n_tokens] = True
-    elif ids:
-        allowed[torch.tensor(ids)] = True
-    weights = torch.tensor([1 << i for i in range(31)] + [-(1 << 31)], dtype=torch.int64)
-    words = (allowed.view(-1, 32).long() * weights).sum(1)
-    bitmask.copy_(words.to(torch.int32))  # bit 31's weight is negative: the sum fits an int32
 
 
 def heal_rows(tokenizer, rows):

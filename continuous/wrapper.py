@@ -8,7 +8,7 @@ import torch
 
 from .decode import Generation, Options, decode
 from .errors import SampleMismatch
-from .generate.base import SequenceGenerator
+from .generate.base import SequenceGenerator, make
 from .layout import Rows
 from .samplers import Greedy, check_seed
 from .state import CutShort, SequenceState, shape_rows
@@ -50,11 +50,10 @@ def _from_outlines(generator) -> SequenceGenerator:
     model = transformers(generator.model.model, generator.model.hf_tokenizer)
     constraint = None
     if index is not None:
-        from .engines.outlines_core import OutlinesCoreConstraint
+        from .engines.outlines_core import from_index
 
-        constraint = OutlinesCoreConstraint(None, model.tokenizer, index=index)
-    return SequenceGenerator(model, Greedy(), None, kind="outlines" if index is None else "outlines-regex",
-                             constraint=constraint, engine="outlines_core")
+        constraint = from_index(index, model.tokenizer)
+    return make(model, Greedy(), constraint, kind="outlines" if index is None else "outlines-regex")
 
 
 class ContinuousGenerator:

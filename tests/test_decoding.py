@@ -1,9 +1,9 @@
-"""The decoding loop's edge cases: beams left without tokens, streaming beams, empty rows, the index cache."""
+"""The decoding loop's edge cases: beams left without tokens, streaming beams, empty rows, overlapped steps."""
 
 import pytest
 import torch
 
-from continuous import continuous, generate, guides, models, samplers
+from continuous import continuous, generate, models, samplers
 from continuous.models.transformers import Transformers
 from continuous.testing import build_llama, real_tokenizer
 
@@ -39,17 +39,6 @@ def test_an_empty_row_without_bos_is_a_clear_error():
     with pytest.raises(ValueError, match=r"empty sequence \(row 1\)"):
         gen(["Hello", ""], max_tokens=2)
     assert len(gen(["Hello", "x"], max_tokens=2).value) == 2
-
-
-def test_the_index_cache_is_bounded(model, monkeypatch):
-    monkeypatch.setattr(guides, "MAX_INDEXES", 3)
-    first = guides.build_index("a{1,2}", model.tokenizer)
-    assert guides.build_index("a{1,2}", model.tokenizer) is first
-    for n in range(3, 8):
-        guides.build_index(f"b{{1,{n}}}", model.tokenizer)
-    assert len(guides._INDEXES) == 3
-    assert guides.build_index("a{1,2}", model.tokenizer) is not first  # evicted, rebuilt
-
 
 
 class _EndsRowAt(Transformers):

@@ -11,7 +11,8 @@ import torch
 from pydantic import BaseModel, Field
 
 from continuous import continuous, generate, samplers
-from continuous.guides import build_index
+from continuous.engines import outlines_core
+from continuous.generate.format import _FORMATS
 
 WS = ""  # no free whitespace: a random model would otherwise wander in it
 
@@ -83,7 +84,8 @@ def test_regex(model, pattern):
 def test_format(model, ptype):
     gen = generate.format(model, ptype, samplers.multinomial(2))
     state = continuous(gen)("Value:", max_tokens=40, seed=2)
-    if all(re.fullmatch(gen.regex, t) for t in state._values):
+    pattern = _FORMATS[ptype][0]
+    if all(re.fullmatch(pattern, t) for t in state._values):
         for v in state.value:
             assert isinstance(v, ptype)
     else:  # a random model may not close a string within max_tokens
@@ -112,10 +114,10 @@ def test_invalid_constraints_fail_when_built(model):
 def test_constraints_are_built_once_per_pattern_and_vocabulary(model):
     a = generate.regex(model, r"[a-c]{2,4}", engine="outlines_core")
     b = generate.regex(model, r"[a-c]{2,4}", engine="outlines_core")
-    assert a.index is b.index
-    assert build_index(r"[a-c]{2,4}", model.tokenizer) is a.index
+    assert a.constraint is b.constraint and a.engine == "outlines_core"
+    assert outlines_core.regex(r"[a-c]{2,4}", model.tokenizer) is a.constraint
     c = generate.regex(model, r"[a-c]{2,4}")  # the default engine, llguidance
-    assert c.engine == "llguidance" and c.index is None
+    assert c.engine == "llguidance" and c.constraint is not a.constraint
     assert generate.regex(model, r"[a-c]{2,4}").constraint is c.constraint
 
 
@@ -223,14 +225,15 @@ def test_bad_generator_arguments_fail_when_built(model):
         with pytest.raises(ValueError, match="anchors"):
             generate.regex(model, pattern)
     # An escaped dollar is text, not an anchor.
-    assert generate.regex(model, r"\$[0-9]{2}").regex == r"\$[0-9]{2}"
+    assert accepts(generate.regex(model, r"\$[0-9]{2}"), "$12")
 
 
-# ---------------------------------------------------------------- issue 9, item 3
+# ---------------------------------------------------------------- exact integer ranges and dates
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from continuous.generate.json import DATE, integer_range  # noqa: E402
+from continuous.engines.formats import DATE  # noqa: E402
+from continuous.engines.schema_regex import integer_range  # noqa: E402
 
 bounds = st.one_of(st.none(), st.integers(-10**12, 10**12))
 
@@ -348,12 +351,21 @@ def test_dates_are_real_calendar_dates():
     (lambda m: generate.format(m, dt.date), "2023-02-29"),
     (lambda m: generate.format(m, dt.datetime), "2023-04-31 10:00:00"),
     (lambda m: generate.json(m, {"type": "string", "format": "date"}), '"2100-02-29"'),
-    (lambda m: generate.json(m, {"type": "string", "format": "date-time"}), '"2023-02-30T10:00:00"'),
+    (lambda m: generate.json(m, {"type": "string", "format": "date-time"}), '"2023-02-30T10:00:00Z"'),
 ])
 def test_impossible_dates_are_not_in_the_constraint(model, build, text):
     gen = build(model)
     assert not accepts(gen, text)
     assert accepts(gen, text.replace("-29", "-28").replace("-31", "-30").replace("-30T", "-28T"))
+
+
+@pytest.mark.parametrize("engine", ["llguidance", "outlines_core"])
+def test_a_date_time_is_rfc_3339(model, engine):
+    gen = generate.json(model, {"type": "string", "format": "date-time"}, engine=engine)
+    for text in ['"2023-02-28T10:00:00Z"', '"2023-02-28T10:00:00+02:00"', '"2023-02-28T10:00:00.25-05:30"']:
+        assert accepts(gen, text), text
+    for text in ['"2023-02-28T10:00:00"', '"2023-02-28T10:00:00+24:00"', '"2023-02-28 10:00:00Z"']:
+        assert not accepts(gen, text), text
 
 
 @pytest.mark.parametrize("node, inside, outside", [

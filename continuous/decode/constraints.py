@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from ..engines import bits
+
 __all__ = ["RowConstraints"]
 
 
@@ -48,38 +50,27 @@ class RowConstraints:
         self.matchers = matchers
         self.vocab_size, self.eos, self.device = vocab_size, eos, device
         self.also_eos = list(also_eos)
-        words = (vocab_size + 31) // 32
-        self.bitmask = torch.zeros((rows, words), dtype=torch.int32, pin_memory=device.type == "cuda")
+        self.bitmask = torch.zeros((rows, bits.words(vocab_size)), dtype=torch.int32,
+                                   pin_memory=device.type == "cuda")
         self.single: list[int | None] = [None] * rows  # the one allowed token of a row, if one
         # Free text may emit any real token; ids past the tokenizer (padded embeddings) never.
         self.free = None
         if n_tokens < vocab_size:
             self.free = torch.zeros(vocab_size, dtype=torch.bool, device=device)
             self.free[:n_tokens] = True
-        self.bits = torch.tensor([1 << i for i in range(31)] + [-(1 << 31)], dtype=torch.int32, device=device)
         if self.matchers is not None:
             for r in range(rows):
                 self._refresh(r)
 
     def _refresh(self, row: int) -> None:
-        words = self.bitmask[row]
-        self.matchers[row].fill(words)
-        nonzero = words.nonzero()
-        single = None
-        if nonzero.shape[0] == 1:
-            at = int(nonzero[0, 0])
-            word = int(words[at]) & 0xFFFFFFFF
-            if word & (word - 1) == 0:
-                single = at * 32 + word.bit_length() - 1
-        self.single[row] = single
+        self.matchers[row].fill(self.bitmask[row])
+        self.single[row] = bits.only(self.bitmask[row])
 
     def allowed(self) -> torch.Tensor | None:
         """Boolean ``[rows, vocab_size]`` on the device, or ``None`` when every token is allowed."""
         if self.matchers is None:
             return self.free
-        words = self.bitmask.to(self.device, non_blocking=True)
-        allowed = (words.unsqueeze(-1) & self.bits) != 0
-        allowed = allowed.view(words.shape[0], -1)[:, : self.vocab_size]
+        allowed = bits.unpack(self.bitmask.to(self.device, non_blocking=True), self.vocab_size)
         if self.also_eos:
             allowed[:, self.also_eos] = allowed[:, self.eos, None].clone()
         return allowed if self.free is None else allowed & self.free

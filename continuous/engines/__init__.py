@@ -2,25 +2,30 @@
 
 A :class:`Constraint` is compiled once per (grammar, tokenizer) and shared (threads
 included); it only makes matchers. A :class:`Matcher` is one row's state: it writes
-the row's allowed tokens into a packed int32 bitmask row, advances past a token, rolls
-back, and copies cheaply, which is what beams, forks, slices and backtracking need.
+the row's allowed tokens into a packed int32 bitmask row (:mod:`.bits`), advances past a
+token, rolls back, and copies cheaply, which is what beams, forks, slices and
+backtracking need.
 
-Engines: ``outlines_core`` (regular expressions, JSON Schema through its regex
-compiler) and ``llguidance`` (regular expressions, JSON Schema, Lark grammars).
+Engines: ``llguidance`` (regular expressions, JSON Schema, Lark grammars) and
+``outlines_core`` (regular expressions, JSON Schema through its regex compiler). Build a
+constraint with :func:`json_schema`, :func:`regex` or :func:`grammar`; what each engine
+needs of a schema is prepared inside it, and what it compiles is cached by one policy
+(:mod:`.caches`).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Protocol
 
 import torch
 
-__all__ = ["Constraint", "Matcher", "ENGINES", "DEFAULT_ENGINE", "check_engine", "regex"]
+__all__ = ["Constraint", "Matcher", "ENGINES", "DEFAULT_ENGINE", "check_engine", "json_schema", "regex", "grammar"]
 
 #: The engine names ``engine=`` accepts.
 ENGINES = ("llguidance", "outlines_core")
-#: The engine generators use when ``engine=None``: on MaskBench it compiles more schemas,
-#: accepts no invalid instance and compiles in milliseconds (docs/constraints.md).
+#: The engine used when ``engine=None``: on MaskBench it compiles more schemas, accepts
+#: no invalid instance and compiles in milliseconds (docs/constraints.md).
 DEFAULT_ENGINE = "llguidance"
 
 
@@ -33,13 +38,31 @@ def check_engine(engine: str | None) -> str:
     return engine
 
 
-def regex(pattern: str, tokenizer, engine: str | None = None) -> "Constraint":
-    """The constraint of a regular expression on the given engine."""
-    if check_engine(engine) == "llguidance":
-        from .llguidance import regex as build
-    else:
-        from .outlines_core import regex as build
-    return build(pattern, tokenizer)
+def _engine(engine: str | None):
+    # Imported on first use: each engine loads its own native library.
+    return importlib.import_module(f"{__name__}.{check_engine(engine)}")
+
+
+def json_schema(schema, tokenizer, *, engine: str | None = None, whitespace_pattern: str | None = None
+                ) -> "Constraint":
+    """The constraint of a JSON document valid against ``schema`` (a dict, bool or JSON text).
+
+    Raises
+    ------
+    ValueError
+        When the schema is invalid or the engine refuses it, with the reason.
+    """
+    return _engine(engine).json_schema(schema, tokenizer, whitespace_pattern)
+
+
+def regex(pattern: str, tokenizer, *, engine: str | None = None) -> "Constraint":
+    """The constraint of text that matches a regular expression in full."""
+    return _engine(engine).regex(pattern, tokenizer)
+
+
+def grammar(lark: str, tokenizer) -> "Constraint":
+    """The constraint of text in a Lark grammar's language (llguidance's dialect)."""
+    return _engine("llguidance").lark(lark, tokenizer)
 
 
 class Matcher(Protocol):
@@ -74,6 +97,7 @@ class Matcher(Protocol):
 class Constraint(Protocol):
     """A compiled constraint over one tokenizer's vocabulary."""
 
+    #: The engine's name (one of :data:`ENGINES`).
     engine: str
 
     def matcher(self) -> Matcher:

@@ -16,62 +16,34 @@ Examples
 
 from __future__ import annotations
 
-import collections
 import json
-import threading
-import weakref
 
 import llguidance
 import llguidance.hf
 import torch
 
+from . import bits, caches, schema
+from .formats import DATE, DATE_TIME
+
 __all__ = ["json_schema", "regex", "lark", "lltokenizer", "LLGuidanceConstraint", "LLGuidanceMatcher"]
 
-_LOCK = threading.Lock()
-_TOKENIZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-#: Compiled grammars, most recently used last: (kind, source, options, id of LLTokenizer) -> constraint.
-_GRAMMARS: "collections.OrderedDict" = collections.OrderedDict()
-_MAX_GRAMMARS = 256
+#: Forced runs followed at build time to tell a grammar that never ends (an empty language).
+_ENDLESS = 64
 
 
 def lltokenizer(tokenizer) -> "llguidance.LLTokenizer":
-    """The ``LLTokenizer`` of a fast HF tokenizer, built once per tokenizer object.
+    """The ``LLTokenizer`` of a fast HF tokenizer, built once per tokenizer object."""
+    return caches.derived(tokenizer, "llguidance tokenizer", lambda: _convert(tokenizer))
 
-    The cache holds the HF tokenizer weakly, so it does not keep a model's tokenizer alive.
-    Two threads asking at once for a new tokenizer may both build it; one result wins.
-    """
-    with _LOCK:
-        found = _TOKENIZERS.get(tokenizer)
-    if found is not None:
-        return found
+
+def _convert(tokenizer) -> "llguidance.LLTokenizer":
     if tokenizer.eos_token_id is None:
         raise ValueError("constrained generation needs a tokenizer with an EOS token")
     try:
         # n_vocab = len(tokenizer) counts added tokens, which the model's logits cover too.
-        built = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer))
+        return llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer))
     except ValueError as exc:
         raise ValueError(f"llguidance needs a fast (Rust) HF tokenizer: {exc}") from exc
-    with _LOCK:
-        return _TOKENIZERS.setdefault(tokenizer, built)
-
-
-def fill_row(bitmask: torch.Tensor, words: int, write) -> None:
-    """Write a mask of ``words`` int32 words into a row that may be wider (padded logits).
-
-    ``write(row)`` fills an exact-width contiguous int32 CPU row. Words past ``words``
-    are zeroed: ids beyond the tokenizer's vocabulary are never allowed.
-    """
-    if bitmask.dim() != 1 or bitmask.dtype != torch.int32 or bitmask.device.type != "cpu":
-        raise ValueError("the mask row must be a 1-D int32 CPU tensor")
-    if bitmask.numel() < words:
-        raise ValueError(f"the mask row has {bitmask.numel()} words; the vocabulary needs {words}")
-    if bitmask.numel() == words and bitmask.is_contiguous():
-        write(bitmask)
-        return
-    scratch = torch.empty(words, dtype=torch.int32)
-    write(scratch)
-    bitmask[:words].copy_(scratch)
-    bitmask[words:].zero_()
 
 
 class LLGuidanceMatcher:
@@ -94,11 +66,11 @@ class LLGuidanceMatcher:
     def fill(self, bitmask: torch.Tensor) -> None:
         """Write the allowed next tokens (EOS exactly when accepting) into an int32 row."""
         if self._ended:
-            fill_row(bitmask, self._words, lambda row: row.zero_())
+            bits.fill_row(bitmask, self._words, lambda row: row.zero_())
             return
-        fill_row(bitmask, self._words, self._write)
+        bits.fill_row(bitmask, self._words, self._write)
         if self._m.is_error():
-            raise RuntimeError(f"llguidance matcher failed: {self._m.get_error()}")
+            raise RuntimeError(f"llguidance matcher failed: {_reason(self._m.get_error())}")
 
     def advance(self, token_id: int) -> None:
         """Consume a token; ``ValueError`` (state unchanged) when the grammar forbids it."""
@@ -114,7 +86,7 @@ class LLGuidanceMatcher:
         if self._m.validate_tokens([token_id]) != 1:
             raise ValueError(f"token {token_id} is not allowed here")
         if not self._m.consume_token(token_id):
-            raise RuntimeError(f"llguidance matcher failed: {self._m.get_error()}")
+            raise RuntimeError(f"llguidance matcher failed: {_reason(self._m.get_error())}")
 
     def rollback(self, n: int) -> None:
         """Undo the last ``n`` tokens (EOS included)."""
@@ -145,7 +117,7 @@ class LLGuidanceMatcher:
         # Accepting and nothing but EOS allowed: the decoder must stop here too.
         row = torch.empty(self._words, dtype=torch.int32)
         self._write(row)
-        row[self._eos // 32] &= ~(1 << (self._eos % 32)) if self._eos % 32 != 31 else 0x7FFFFFFF
+        bits.clear(row, self._eos)
         return not bool(row.any())
 
     def copy(self) -> "LLGuidanceMatcher":
@@ -155,11 +127,15 @@ class LLGuidanceMatcher:
 class LLGuidanceConstraint:
     """A grammar validated and compiled for one tokenizer; makes :class:`LLGuidanceMatcher` s.
 
+    Building it computes the first mask, so that a grammar the engine cannot serve (a
+    lexer too large) fails here, and refuses a grammar whose language is empty.
+
     Raises
     ------
     ValueError
         When llguidance refuses the grammar (an unsupported keyword, an invalid regex,
-        a Lark syntax error); the message is the engine's, naming the keyword or place.
+        a Lark syntax error), with the engine's reason naming the keyword or place, or
+        when no text can ever complete it.
     """
 
     engine = "llguidance"
@@ -168,7 +144,7 @@ class LLGuidanceConstraint:
         self.grammar = grammar
         self.tokenizer = lltokenizer(tokenizer)
         self.eos_token_id = tokenizer.eos_token_id
-        self.words = (self.tokenizer.vocab_size + 31) // 32
+        self.words = bits.words(self.tokenizer.vocab_size)
         # Building the matcher validates the grammar; validate_grammar_with_warnings first
         # would compile it twice (half of the compile time on MaskBench).
         self._start = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
@@ -176,6 +152,26 @@ class LLGuidanceConstraint:
             raise ValueError(f"llguidance refuses {description}: {_reason(self._start.get_error())}")
         #: Non-fatal notes from the compiler (for instance a string format it does not check).
         self.warnings = list(self._start.get_grammar_warnings())
+        self._check_language(description)
+
+    def _check_language(self, description: str) -> None:
+        first = self.matcher()
+        row = torch.zeros(self.words, dtype=torch.int32)
+        try:
+            first.fill(row)
+        except RuntimeError as exc:
+            raise ValueError(f"llguidance cannot serve {description}: {exc}") from None
+        # A language is empty when nothing is allowed at the start, or when the text the
+        # grammar forces goes on and on without ever being complete (a rule with no end).
+        walk = first._m.deep_copy()
+        for _ in range(_ENDLESS):
+            if walk.is_accepting() or not walk.compute_ff_tokens():
+                break
+            walk.consume_tokens(walk.compute_ff_tokens())
+        else:
+            row.zero_()
+        if not row.any() and not first.accepting():
+            raise ValueError(f"{description} matches no text: no sequence of tokens can complete it")
 
     def matcher(self) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(self._start.deep_copy(), self.words, self.eos_token_id)
@@ -187,49 +183,24 @@ def _reason(error: str) -> str:
 
 
 def _compiled(kind: str, source: str, options: str, tokenizer, make_grammar) -> LLGuidanceConstraint:
-    lltok = lltokenizer(tokenizer)
-    # id(lltok) is stable while the entry lives: the constraint holds the LLTokenizer.
-    key = (kind, source, options, id(lltok))
-    with _LOCK:
-        hit = _GRAMMARS.get(key)
-        if hit is not None:
-            _GRAMMARS.move_to_end(key)
-            return hit
-    try:
-        grammar = make_grammar()
-    except ValueError as exc:
-        raise ValueError(f"llguidance refuses this {kind}: {exc}") from exc
-    built = LLGuidanceConstraint(grammar, tokenizer, f"this {kind}")
-    with _LOCK:
-        _GRAMMARS[key] = built
-        while len(_GRAMMARS) > _MAX_GRAMMARS:
-            _GRAMMARS.popitem(last=False)
-    return built
-
-
-def schema_text(schema) -> str:
-    """A JSON schema given as ``dict`` or ``str`` (or a boolean schema), as text.
-
-    Keys keep their order: llguidance emits object properties in the order of
-    ``properties``, so sorting them would reject documents written in schema order.
-    """
-    if isinstance(schema, str):
+    def build():
         try:
-            schema = json.loads(schema)
+            grammar = make_grammar()
         except ValueError as exc:
-            raise ValueError(f"the JSON schema string is not valid JSON: {exc}") from exc
-    if not isinstance(schema, (dict, bool)):
-        raise TypeError(f"a JSON schema is a dict, a bool or a JSON string, not {type(schema).__name__}")
-    return json.dumps(schema)
+            raise ValueError(f"llguidance refuses this {kind}: {exc}") from exc
+        return LLGuidanceConstraint(grammar, tokenizer, f"this {kind}")
+
+    return caches.compiled(tokenizer, ("llguidance", kind, source, options), build)
 
 
-def json_schema(schema, tokenizer, whitespace_pattern: str | None = None) -> LLGuidanceConstraint:
+def json_schema(document, tokenizer, whitespace_pattern: str | None = None) -> LLGuidanceConstraint:
     """A JSON document valid against a schema.
 
     Parameters
     ----------
-    schema
-        A JSON schema as ``dict`` or JSON ``str``.
+    document
+        A JSON schema as ``dict`` (or ``bool``) or JSON ``str``. The ``date`` and
+        ``date-time`` formats are held to real calendar dates and RFC 3339 times by a pattern.
     tokenizer
         A fast HF tokenizer with an EOS token.
     whitespace_pattern
@@ -242,14 +213,35 @@ def json_schema(schema, tokenizer, whitespace_pattern: str | None = None) -> LLG
         When the schema is not JSON or llguidance refuses it (for instance
         ``Unimplemented keys: ["not"]``).
     """
-    text = schema_text(schema)
+    text = json.dumps(_dated(schema.document(document)))
     options = {} if whitespace_pattern is None else {"whitespace_pattern": whitespace_pattern}
     return _compiled("JSON schema", text, json.dumps(options), tokenizer,
                      lambda: llguidance.LLMatcher.grammar_from_json_schema(text, overrides=options or None))
 
 
+def _dated(document):
+    """The schema with ``date`` and ``date-time`` strings held to real calendar dates by a pattern."""
+    def rewrite(node):
+        kind = node.get("format")
+        if node.get("type") == "string" and kind in ("date", "date-time") and "pattern" not in node:
+            node = {k: v for k, v in node.items() if k != "format"}
+            node["pattern"] = "^" + (DATE if kind == "date" else DATE_TIME) + "$"
+        return node
+
+    return schema.rewritten(document, rewrite)
+
+
 def regex(pattern: str, tokenizer) -> LLGuidanceConstraint:
-    """Text that matches a regular expression in full (Rust ``regex`` syntax, no lookaround)."""
+    """Text that matches a regular expression in full (Rust ``regex`` syntax, no lookaround).
+
+    Raises
+    ------
+    ValueError
+        When the pattern is invalid (one that ends with a lone backslash too, which the
+        engine would drop silently) or matches no text.
+    """
+    if (len(pattern) - len(pattern.rstrip("\\"))) % 2:
+        raise ValueError(f"invalid regex {pattern!r}: it ends with an escape (a backslash) that escapes nothing")
     return _compiled("regex", pattern, "", tokenizer, lambda: llguidance.LLMatcher.grammar_from_regex(pattern))
 
 

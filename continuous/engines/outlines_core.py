@@ -1,28 +1,25 @@
 """The outlines_core engine: regular expressions, and JSON Schema through its regex compiler.
 
-A matcher is a small value: the current DFA state (an int) and the states before it, so
-copying a row (beams, forks) copies a short list of ints instead of a ``Guide``, whose
-``copy.copy`` serializes the whole ``Index``. Masks are built once per state from
-``Index.get_allowed_tokens`` and kept, packed, in a bounded per-constraint LRU: a
-decoding loop revisits the same few states (inside a string, between fields), so most
-fills are a 4-byte-per-32-tokens copy.
-
-The vocabulary conversion and the ``Index`` cache are those of :mod:`continuous.guides`.
+A tokenizer's ``Vocabulary`` is converted once and each regex compiled into an
+``Index`` once (:mod:`continuous.engines.caches`). A matcher is a small value: the
+current DFA state (an int) and the states before it, so copying a row (beams, forks)
+copies a short list of ints instead of a ``Guide``, whose ``copy.copy`` serializes the
+whole ``Index``. Masks are built once per state from ``Index.get_allowed_tokens`` and kept,
+packed, in a bounded per-constraint LRU: a decoding loop revisits the same few states
+(inside a string, between fields), so most fills are a 4-byte-per-32-tokens copy.
 """
 
 from __future__ import annotations
 
-import collections
-import json
-import threading
+import copy
 
-import numpy as np
 import torch
+from outlines_core import Index, Vocabulary
 
-from ..guides import build_index, vocabulary
-from .llguidance import fill_row, schema_text
+from . import bits, caches, schema
+from .schema_regex import schema_regex
 
-__all__ = ["json_schema", "regex", "OutlinesCoreConstraint", "OutlinesCoreMatcher"]
+__all__ = ["json_schema", "regex", "from_index", "vocabulary", "OutlinesCoreConstraint", "OutlinesCoreMatcher"]
 
 #: The state a matcher enters when it consumes EOS: nothing may follow.
 _ENDED = -1
@@ -32,21 +29,36 @@ _MAX_MASKS = 1024
 _MAX_FORCED = 256
 
 
+def vocabulary(tokenizer) -> Vocabulary:
+    """The outlines_core ``Vocabulary`` of a HF tokenizer, converted once per tokenizer."""
+    return caches.derived(tokenizer, "outlines_core vocabulary", lambda: _convert(tokenizer))
+
+
+def _convert(tokenizer) -> Vocabulary:
+    from outlines.backends.outlines_core import OutlinesCoreBackend
+    from outlines.models.transformers import TransformerTokenizer
+
+    if tokenizer.eos_token_id is None:
+        raise ValueError("constrained generation needs a tokenizer with an EOS token")
+    # TransformerTokenizer sets a pad token on the tokenizer it wraps; give it a copy.
+    adapter = TransformerTokenizer(copy.copy(tokenizer))
+    return OutlinesCoreBackend.create_outlines_core_vocabulary(
+        adapter.get_vocab(), adapter.eos_token_id, adapter.eos_token, adapter.convert_token_to_string)
+
+
 class OutlinesCoreConstraint:
     """An ``Index`` over one tokenizer's vocabulary; makes :class:`OutlinesCoreMatcher` s."""
 
     engine = "outlines_core"
 
-    def __init__(self, pattern: str | None, tokenizer, index=None):
-        self.pattern = pattern
-        # An outlines Generator brings its own Index (its pattern is not kept).
-        self.index = index if index is not None else build_index(pattern, tokenizer)
-        self.eos_token_id = vocabulary(tokenizer).get_eos_token_id()
-        self.n_tokens = len(tokenizer)
-        self.words = (self.n_tokens + 31) // 32
-        self.initial = self.index.get_initial_state()
-        self._lock = threading.Lock()
-        self._masks: "collections.OrderedDict[int, torch.Tensor]" = collections.OrderedDict()
+    def __init__(self, index: Index, n_tokens: int, eos_token_id: int, pattern: str | None = None):
+        self.pattern = pattern  # an outlines Generator brings its Index without its pattern
+        self.index = index
+        self.eos_token_id = eos_token_id
+        self.n_tokens = n_tokens
+        self.words = bits.words(n_tokens)
+        self.initial = index.get_initial_state()
+        self._masks = caches.LRU(_MAX_MASKS)
         self._allowed: dict[int, list[int]] = {}
 
     def matcher(self) -> "OutlinesCoreMatcher":
@@ -66,23 +78,15 @@ class OutlinesCoreConstraint:
 
     def mask(self, state: int) -> torch.Tensor:
         """The packed int32 mask of ``state`` (EOS set exactly in final states)."""
-        with self._lock:
-            hit = self._masks.get(state)
-            if hit is not None:
-                self._masks.move_to_end(state)
-                return hit
-        bits = np.zeros(self.words * 32, dtype=bool)
-        if state != _ENDED:
-            ids = np.asarray(self.allowed(state), dtype=np.int64)
-            bits[ids[ids < self.n_tokens]] = True
-            if self.index.is_final_state(state):
-                bits[self.eos_token_id] = True
-        packed = torch.from_numpy(np.packbits(bits, bitorder="little").view(np.int32).copy())
-        with self._lock:
-            self._masks[state] = packed
-            while len(self._masks) > _MAX_MASKS:
-                self._masks.popitem(last=False)
-        return packed
+        return self._masks.get(state, lambda: self._pack(state))
+
+    def _pack(self, state: int) -> torch.Tensor:
+        ids = [t for t in self.allowed(state) if t < self.n_tokens]
+        if state != _ENDED and self.index.is_final_state(state):
+            ids.append(self.eos_token_id)
+        row = torch.empty(self.words, dtype=torch.int32)
+        bits.pack(ids, row, self.n_tokens)
+        return row
 
 
 class OutlinesCoreMatcher:
@@ -97,7 +101,7 @@ class OutlinesCoreMatcher:
     def fill(self, bitmask: torch.Tensor) -> None:
         """Write the allowed next tokens (EOS exactly in a final state) into an int32 row."""
         mask = self._c.mask(self._states[-1])
-        fill_row(bitmask, self._c.words, lambda row: row.copy_(mask))
+        bits.fill_row(bitmask, self._c.words, lambda row: row.copy_(mask))
 
     def advance(self, token_id: int) -> None:
         """Move past a token; ``ValueError`` (state unchanged) when it is not allowed."""
@@ -150,10 +154,6 @@ class OutlinesCoreMatcher:
         return OutlinesCoreMatcher(self._c, list(self._states))
 
 
-_CONSTRAINTS: dict = {}
-_LOCK = threading.Lock()
-
-
 def regex(pattern: str, tokenizer) -> OutlinesCoreConstraint:
     """Text that matches a regular expression in full (outlines_core's regex syntax).
 
@@ -162,30 +162,33 @@ def regex(pattern: str, tokenizer) -> OutlinesCoreConstraint:
     ValueError
         When the regex is invalid or no token sequence can match it.
     """
-    # guides.build_index caches the Index; this caches the masks that go with it.
-    key = (pattern, id(vocabulary(tokenizer)))
-    with _LOCK:
-        hit = _CONSTRAINTS.get(key)
-    if hit is None:
-        hit = OutlinesCoreConstraint(pattern, tokenizer)
-        with _LOCK:
-            hit = _CONSTRAINTS.setdefault(key, hit)
-    return hit
+    return caches.compiled(tokenizer, ("outlines_core regex", pattern), lambda: _compile(pattern, tokenizer))
 
 
-def json_schema(schema, tokenizer, whitespace_pattern: str | None = None) -> OutlinesCoreConstraint:
+def _compile(pattern: str, tokenizer) -> OutlinesCoreConstraint:
+    vocab = vocabulary(tokenizer)
+    try:
+        index = Index(pattern, vocab)
+    except Exception as exc:  # outlines_core raises plain ValueError/RuntimeError
+        raise ValueError(f"cannot build a constraint from regex {pattern!r}: {exc}") from exc
+    return OutlinesCoreConstraint(index, len(tokenizer), vocab.get_eos_token_id(), pattern)
+
+
+def from_index(index: Index, tokenizer) -> OutlinesCoreConstraint:
+    """The constraint of an ``Index`` built elsewhere (an outlines ``Generator``'s)."""
+    return OutlinesCoreConstraint(index, len(tokenizer), vocabulary(tokenizer).get_eos_token_id())
+
+
+def json_schema(document, tokenizer, whitespace_pattern: str | None = None) -> OutlinesCoreConstraint:
     """A JSON document valid against a schema, through outlines_core's schema-to-regex compiler.
 
     Integer bounds and calendar dates are exact in the regex
-    (:func:`continuous.generate.json.schema_regex`); keywords the compiler does not know
-    (``not``, number bounds) are not enforced: ``generate.json`` checks them on ``.value``.
+    (:func:`~continuous.engines.schema_regex.schema_regex`); keywords the compiler does not
+    know (``not``, number bounds) are not enforced: ``generate.json`` checks them on ``.value``.
 
     Raises
     ------
     ValueError
         When the compiler refuses the schema or the regex cannot be indexed.
     """
-    from ..generate.json import schema_regex
-
-    pattern = schema_regex(json.loads(schema_text(schema)), whitespace_pattern)
-    return regex(pattern, tokenizer)
+    return regex(schema_regex(schema.document(document), whitespace_pattern), tokenizer)

@@ -1,3 +1,4 @@
+from .. import engines
 from .base import SequenceGenerator, check_model, make
 
 
@@ -10,7 +11,7 @@ def cfg(model, grammar: str, sampler=None, *, ban=None, ban_case=False) -> Seque
         A Lark grammar in llguidance's dialect (the start rule is ``start``; terminals
         may be regular expressions, ``%json {...}`` embeds a JSON schema).
     ban, ban_case
-        Phrases and ``regex`` patterns the output may not contain (SPEC section 6).
+        Phrases and ``regex`` patterns the output may not contain (:mod:`continuous.ban`).
 
     Raises
     ------
@@ -19,8 +20,5 @@ def cfg(model, grammar: str, sampler=None, *, ban=None, ban_case=False) -> Seque
     """
     if not isinstance(grammar, str):
         raise TypeError(f"grammar must be a str (Lark syntax), got {type(grammar).__name__}")
-    from ..engines.llguidance import lark
-
     check_model(model)
-    constraint = lark(grammar, model.tokenizer)
-    return make(model, sampler, None, kind="cfg", engine="llguidance", constraint=constraint, ban=ban, ban_case=ban_case)
+    return make(model, sampler, engines.grammar(grammar, model.tokenizer), kind="cfg", ban=ban, ban_case=ban_case)

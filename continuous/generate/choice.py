@@ -1,7 +1,8 @@
 import re
 from enum import Enum
 
-from .base import SequenceGenerator, make
+from .. import engines
+from .base import SequenceGenerator, check_model, make
 
 
 def choice(model, choices, sampler=None, *, engine=None, ban=None, ban_case=False) -> SequenceGenerator:
@@ -15,7 +16,7 @@ def choice(model, choices, sampler=None, *, engine=None, ban=None, ban_case=Fals
         The constraint engine: ``"llguidance"`` (the default) or ``"outlines_core"``.
     ban, ban_case
         Phrases and ``regex`` patterns the output may not contain (a dict phrase ->
-        factor for soft bans), and whether phrases match case (SPEC section 6).
+        factor for soft bans), and whether phrases match case (:mod:`continuous.ban`).
     """
     if isinstance(choices, type) and issubclass(choices, Enum):
         members = {str(m.value): m for m in choices}
@@ -29,5 +30,7 @@ def choice(model, choices, sampler=None, *, engine=None, ban=None, ban_case=Fals
         parse = str
     if not members:
         raise ValueError("choice needs at least one choice (the list or Enum is empty)")
+    check_model(model)
     pattern = "(" + "|".join(re.escape(c) for c in members) + ")"
-    return make(model, sampler, pattern, parse, kind="choice", engine=engine, ban=ban, ban_case=ban_case)
+    constraint = engines.regex(pattern, model.tokenizer, engine=engine)
+    return make(model, sampler, constraint, parse, kind="choice", ban=ban, ban_case=ban_case)

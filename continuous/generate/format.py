@@ -2,8 +2,9 @@ import datetime as dt
 
 from outlines import types
 
-from .base import SequenceGenerator, make
-from .json import DATE, TIME
+from .. import engines
+from ..engines.formats import DATE, TIME
+from .base import SequenceGenerator, check_model, make
 
 _FORMATS = {
     int: (types.integer.pattern, int),
@@ -30,10 +31,12 @@ def format(model, python_type, sampler=None, *, engine=None, ban=None, ban_case=
         The constraint engine: ``"llguidance"`` (the default) or ``"outlines_core"``.
     ban, ban_case
         Phrases and ``regex`` patterns the output may not contain (a dict phrase ->
-        factor for soft bans), and whether phrases match case (SPEC section 6).
+        factor for soft bans), and whether phrases match case (:mod:`continuous.ban`).
     """
     if python_type not in _FORMATS:
         names = ", ".join(getattr(t, "__name__", str(t)) for t in _FORMATS)
         raise ValueError(f"format supports {names}; got {python_type!r}")
+    check_model(model)
     pattern, parse = _FORMATS[python_type]
-    return make(model, sampler, pattern, parse, kind="format", engine=engine, ban=ban, ban_case=ban_case)
+    constraint = engines.regex(pattern, model.tokenizer, engine=engine)
+    return make(model, sampler, constraint, parse, kind="format", ban=ban, ban_case=ban_case)

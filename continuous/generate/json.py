@@ -1,204 +1,23 @@
 import inspect
 import json as _json
-import math
 
-from outlines_core.json_schema import build_regex_from_schema
 from pydantic import BaseModel
 
-from ..engines import check_engine
+from .. import engines
+from ..engines.schema import document, rewritten
 from .base import SequenceGenerator, make
 
-
-def _schema_string(schema) -> tuple[str, object]:
-    """The JSON schema as a string, and how to parse a generated document."""
-    if isinstance(schema, type) and issubclass(schema, BaseModel):
-        return _json.dumps(schema.model_json_schema()), schema.model_validate_json
-    if isinstance(schema, dict):
-        return _json.dumps(schema), _json.loads
-    if isinstance(schema, str):
-        try:
-            _json.loads(schema)
-        except ValueError as exc:
-            raise ValueError(f"the JSON schema string is not valid JSON: {exc}") from exc
-        return schema, _json.loads
-    if callable(schema):
-        from outlines.types.utils import get_schema_from_signature
-
-        try:
-            inspect.signature(schema)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"cannot read the signature of {schema!r}: {exc}") from exc
-        return _json.dumps(get_schema_from_signature(schema)), _json.loads
-    raise TypeError("schema must be a pydantic model class, a JSON schema dict or str, or a callable")
+#: The layouts ``whitespace=`` names, as the regex of what may come between two JSON tokens.
+WHITESPACE = {
+    "compact": "",
+    # A line break and indentation, or one space: a model keeps the layout it writes by
+    # itself (pretty-printed or inline), and a weak one cannot write blank space forever.
+    "bounded": r"(?:\n[ \t]{0,40}| )?",
+    "any": r"[ \t\n\r]*",
+}
 
 
-def _digit_span(lo: str, hi: str) -> str:
-    """Regex of the decimal strings from ``lo`` to ``hi``, both of the same length."""
-    if not lo:
-        return ""
-    if lo[0] == hi[0]:
-        return lo[0] + _group(_digit_span(lo[1:], hi[1:]))
-    rest = len(lo) - 1
-    parts = []
-    first, last = int(lo[0]), int(hi[0])
-    # The first and last digits take the whole span below them when their tail is
-    # 0...0 or 9...9; otherwise they get their own, narrower, branch.
-    if lo[1:] != "0" * rest:
-        parts.append(lo[0] + _group(_digit_span(lo[1:], "9" * rest)))
-        first += 1
-    tail_hi = hi[1:] == "9" * rest
-    if not tail_hi:
-        last -= 1
-    if first <= last:
-        digits = str(first) if first == last else f"[{first}-{last}]"
-        parts.append(digits + ("[0-9]" + (f"{{{rest}}}" if rest > 1 else "") if rest else ""))
-    if not tail_hi:
-        parts.append(hi[0] + _group(_digit_span("0" * rest, hi[1:])))
-    return "|".join(parts)
-
-
-def _group(pattern: str) -> str:
-    return pattern if "|" not in pattern else f"({pattern})"
-
-
-def natural_range(low: int, high: int | None) -> str:
-    """Regex of the decimal integers ``n`` with ``low <= n <= high`` (``high=None``: no bound).
-
-    ``0 <= low``; no leading zeros, exactly as JSON writes integers.
-    """
-    parts = []
-    digits = len(str(low))
-    while high is None or digits <= len(str(high)):
-        a = max(low, 10 ** (digits - 1) if digits > 1 else 0)
-        if high is None and a == 10 ** (digits - 1):
-            # From here every longer integer is in range.
-            parts.append(f"[1-9][0-9]{{{digits - 1},}}")
-            break
-        b = 10**digits - 1 if high is None else min(high, 10**digits - 1)
-        parts.append(_digit_span(str(a), str(b)))
-        digits += 1
-    return "|".join(parts)
-
-
-def integer_range(low: int | None, high: int | None) -> str:
-    """Regex of the JSON integers ``n`` with ``low <= n <= high`` (``None``: no bound).
-
-    Negative integers are written ``-`` and their absolute value; ``-0`` is never produced.
-    """
-    if low is not None and high is not None and low > high:
-        raise ValueError(f"no integer lies in [{low}, {high}]")
-    parts = []
-    if low is None or low < 0:  # the negative part: -|n| with |n| in [max(1, -high), -low]
-        small = 1 if high is None or high >= 0 else -high
-        parts.append("-" + _group(natural_range(small, None if low is None else -low)))
-    if high is None or high >= 0:
-        parts.append(natural_range(max(low or 0, 0), high))
-    return "(" + "|".join(parts) + ")"
-
-
-def _bound(node: dict, key: str, exclusive: str, up: bool):
-    """The integer bound of a schema node on one side, or ``None``.
-
-    Draft 4 writes exclusiveness as a boolean beside the bound; later drafts as a
-    number. Non-integer bounds round inwards.
-    """
-    bounds = []
-    if isinstance(node.get(key), (int, float)) and not isinstance(node.get(key), bool):
-        value = node[key]
-        strict = node.get(exclusive) is True
-        bounds.append(_inward(value, strict, up))
-    if isinstance(node.get(exclusive), (int, float)) and not isinstance(node.get(exclusive), bool):
-        bounds.append(_inward(node[exclusive], True, up))
-    if not bounds:
-        return None
-    return max(bounds) if up else min(bounds)
-
-
-def _inward(value, strict: bool, up: bool) -> int:
-    if up:  # a lower bound: the smallest integer above (or at) it
-        n = math.ceil(value)
-        return n + 1 if strict and n == value else n
-    n = math.floor(value)
-    return n - 1 if strict and n == value else n
-
-
-_UNSIGNED = r"(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-][0-9]+)?"  # outlines_core's JSON number, no sign
-
-
-def _real_bound(node: dict, key: str, exclusive: str, pick):
-    """The tighter of a node's plain and exclusive numeric bounds on one side, or ``None``."""
-    values = [node[k] for k in (key, exclusive)
-              if isinstance(node.get(k), (int, float)) and not isinstance(node.get(k), bool)]
-    return pick(values) if values else None
-
-
-def _exclusive_max(node: dict) -> bool:
-    value = node.get("exclusiveMaximum")
-    return value is True or (isinstance(value, (int, float)) and not isinstance(value, bool)
-                             and value <= node.get("maximum", value))
-
-
-_YEAR = "([1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"  # 0001-9999, as datetime.date
-_LEAP = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
-DATE = (f"({_YEAR}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
-        f"|02-(0[1-9]|1[0-9]|2[0-8]))|{_LEAP}-02-29)")
-"""A calendar date ``YYYY-MM-DD`` that exists: days per month, Feb 29 only in leap years."""
-TIME = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
-DATE_TIME = f"{DATE}T{TIME}(\\.[0-9]{{3}})?(Z)?"
-
-
-class _Exact:
-    """Schema nodes whose regex we write ourselves, each swapped in for a unique marker.
-
-    outlines_core writes a ``const`` integer as its digits, so a node replaced by a
-    marker constant leaves those digits in the regex, where the exact regex goes.
-    """
-
-    def __init__(self, schema_str: str):
-        self.base = 730194628551
-        while str(self.base) in schema_str:
-            self.base += 1
-        self.patterns: list[str] = []
-
-    def mark(self, pattern: str) -> dict:
-        self.patterns.append(pattern)
-        return {"const": int(f"{self.base}{len(self.patterns):04d}")}
-
-    def substitute(self, regex: str) -> str:
-        for k, pattern in enumerate(self.patterns, 1):
-            regex = regex.replace(f"{self.base}{k:04d}", f"({pattern})")
-        return regex
-
-    def rewrite(self, node):
-        """The schema with bounded integers and dates replaced by markers."""
-        if isinstance(node, list):
-            return [self.rewrite(n) for n in node]
-        if not isinstance(node, dict):
-            return node
-        node = {k: self.rewrite(v) for k, v in node.items()}
-        kind = node.get("type")
-        # Keywords that narrow the integers further stay with outlines_core (and the
-        # validation of ``value``).
-        if kind == "integer" and not {"multipleOf", "enum", "const"} & set(node):
-            low = _bound(node, "minimum", "exclusiveMinimum", up=True)
-            high = _bound(node, "maximum", "exclusiveMaximum", up=False)
-            if low is not None or high is not None:
-                return self.mark(integer_range(low, high))
-        if kind == "number" and not {"multipleOf", "enum", "const"} & set(node):
-            # A regex cannot bound a real number simply, but it can fix its sign; the
-            # bounds themselves are checked on ``value``.
-            low = _real_bound(node, "minimum", "exclusiveMinimum", max)
-            if low is not None and low >= 0:
-                return self.mark(_UNSIGNED)
-            high = _real_bound(node, "maximum", "exclusiveMaximum", min)
-            if high is not None and (high < 0 or (high == 0 and _exclusive_max(node))):
-                return self.mark("-" + _UNSIGNED)
-        if kind == "string" and node.get("format") in ("date", "date-time"):
-            return self.mark('"' + (DATE if node["format"] == "date" else DATE_TIME) + '"')
-        return node
-
-
-def json(model, schema, sampler=None, whitespace_pattern=None, *, engine=None, ban=None,
+def json(model, schema, sampler=None, whitespace_pattern=None, *, whitespace=None, engine=None, ban=None,
          ban_case=False) -> SequenceGenerator:
     """A JSON document valid against a schema.
 
@@ -207,84 +26,63 @@ def json(model, schema, sampler=None, whitespace_pattern=None, *, engine=None, b
     schema
         A pydantic model class (``value`` is an instance), a JSON-schema ``dict`` or
         ``str`` (``value`` is the parsed JSON), or a callable whose signature gives the
-        schema (``value`` is a dict of arguments). Integer bounds (``minimum``,
-        ``maximum``, the exclusive ones, one-sided or not, integral or not) and the
-        ``date`` and ``date-time`` formats (real calendar dates) are exact in the
-        constraint, unlike outlines'; what a regex cannot say (bounds of non-integer
-        numbers, ``multipleOf``...) is checked on ``value``, which raises ``ValueError``
-        rather than return a document that breaks the schema.
+        schema (``value`` is a dict of arguments). What the engine cannot enforce while
+        generating is checked on ``value``, which raises ``ValueError`` rather than return
+        a document that breaks the schema.
+    whitespace
+        What may come between two JSON tokens: ``"bounded"`` (the default: a line break
+        and indentation, or one space), ``"compact"`` (nothing), ``"any"`` (any JSON
+        whitespace, as much as the model writes) or a regex.
     whitespace_pattern
-        Regex for the whitespace allowed between JSON tokens (the engine's default when
-        ``None``).
+        The same as a regex (give one of the two).
     engine
         ``"llguidance"`` (the default: it reads the schema itself, and refuses a keyword
         it cannot enforce, naming it) or ``"outlines_core"`` (through its regex compiler,
-        with the exact bounds and dates described above).
+        with exact integer bounds and calendar dates).
     ban, ban_case
-        Phrases and ``regex`` patterns the output may not contain (SPEC section 6).
+        Phrases and ``regex`` patterns the output may not contain (a dict phrase ->
+        factor for soft bans), and whether phrases match case (:mod:`continuous.ban`).
 
     Raises
     ------
     ValueError
         When the schema is invalid or unsupported, with the reason.
     """
-    schema_str, parse = _schema_string(schema)
-    document = _json.loads(schema_str)
-    if parse is _json.loads:
-        parse = _Validated(document)
-    elif isinstance(schema, type):
+    doc, parse = _document(schema)
+    constraint = engines.json_schema(doc, model.tokenizer, engine=engine,
+                                     whitespace_pattern=_whitespace(whitespace, whitespace_pattern))
+    return make(model, sampler, constraint, parse, kind="json", ban=ban, ban_case=ban_case)
+
+
+def _whitespace(whitespace, pattern) -> str:
+    if whitespace is not None and pattern is not None:
+        raise ValueError("give whitespace= or whitespace_pattern=, not both")
+    if pattern is not None:
+        return pattern
+    whitespace = "bounded" if whitespace is None else whitespace
+    if not isinstance(whitespace, str):
+        raise TypeError(f"whitespace must be one of {sorted(WHITESPACE)} or a regex, got {type(whitespace).__name__}")
+    return WHITESPACE.get(whitespace, whitespace)
+
+
+def _document(schema):
+    """The JSON schema as a document, and how to parse a generated document."""
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
         # A pydantic model's objects take their fields and nothing else, as outlines
         # generates them; JSON Schema itself allows more unless told otherwise.
-        document = _closed(document)
-    if check_engine(engine) == "llguidance":
-        from ..engines.llguidance import json_schema
+        return _closed(schema.model_json_schema()), schema.model_validate_json
+    if isinstance(schema, (dict, str, bool)):
+        doc = document(schema)
+        return doc, _Validated(doc)
+    if callable(schema):
+        from outlines.types.utils import get_schema_from_signature
 
-        constraint = json_schema(_dated(document), model.tokenizer, whitespace_pattern)
-        return make(model, sampler, None, parse, kind="json", engine="llguidance", constraint=constraint,
-                    ban=ban, ban_case=ban_case)
-    from ..engines.outlines_core import json_schema
-
-    constraint = json_schema(document, model.tokenizer, whitespace_pattern)
-    return make(model, sampler, constraint.pattern, parse, kind="json", engine="outlines_core",
-                constraint=constraint, ban=ban, ban_case=ban_case)
-
-
-def schema_regex(document, whitespace_pattern: str | None = None) -> str:
-    """outlines_core's regex of a JSON schema, with exact integer bounds and calendar dates.
-
-    Raises
-    ------
-    ValueError
-        When the compiler refuses the schema, with its reason.
-    """
-    text = _json.dumps(document)
-    try:
-        exact = _Exact(text)
-        pattern = build_regex_from_schema(_json.dumps(exact.rewrite(document)), whitespace_pattern)
-    except Exception as exc:  # the compiler raises plain ValueError/TypeError with its reason
-        raise ValueError(f"cannot build a constraint from this JSON schema: {exc}") from exc
-    return exact.substitute(pattern)
-
-
-def _rewritten(node, rewrite):
-    """The schema with ``rewrite`` applied to every object node, innermost first."""
-    if isinstance(node, list):
-        return [_rewritten(n, rewrite) for n in node]
-    if not isinstance(node, dict):
-        return node
-    return rewrite({k: _rewritten(v, rewrite) for k, v in node.items()})
-
-
-def _dated(schema):
-    """The schema with ``date`` and ``date-time`` strings held to real calendar dates by a pattern."""
-    def rewrite(node):
-        kind = node.get("format")
-        if node.get("type") == "string" and kind in ("date", "date-time") and "pattern" not in node:
-            node = {k: v for k, v in node.items() if k != "format"}
-            node["pattern"] = "^" + (DATE if kind == "date" else DATE_TIME) + "$"
-        return node
-
-    return _rewritten(schema, rewrite)
+        try:
+            inspect.signature(schema)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"cannot read the signature of {schema!r}: {exc}") from exc
+        return get_schema_from_signature(schema), _json.loads
+    raise TypeError("schema must be a pydantic model class, a JSON schema dict or str, or a callable")
 
 
 def _closed(schema):
@@ -294,14 +92,15 @@ def _closed(schema):
             node["additionalProperties"] = False
         return node
 
-    return _rewritten(schema, rewrite)
+    return rewritten(schema, rewrite)
 
 
 class _Validated:
     """Parse a document and check it against the whole schema.
 
-    The regex cannot say every keyword (``multipleOf``, bounds of non-integers,
-    ``uniqueItems``...): a document that breaks one raises rather than being returned.
+    An engine cannot enforce every keyword while generating (``multipleOf``, bounds of
+    non-integers, ``uniqueItems``...): a document that breaks one raises rather than
+    being returned.
     """
 
     def __init__(self, schema: dict):

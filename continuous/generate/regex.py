@@ -1,6 +1,7 @@
 import re
 
-from .base import SequenceGenerator, make
+from .. import engines
+from .base import SequenceGenerator, check_model, make
 
 
 _C = re._constants
@@ -32,7 +33,7 @@ def regex(model, pattern: str, sampler=None, *, engine=None, ban=None, ban_case=
         The constraint engine: ``"llguidance"`` (the default) or ``"outlines_core"``.
     ban, ban_case
         Phrases and ``regex`` patterns the output may not contain (a dict phrase ->
-        factor for soft bans), and whether phrases match case (SPEC section 6).
+        factor for soft bans), and whether phrases match case (:mod:`continuous.ban`).
 
     Raises
     ------
@@ -49,4 +50,6 @@ def regex(model, pattern: str, sampler=None, *, engine=None, ban=None, ban_case=
     if anchored:
         raise ValueError(f"the pattern {pattern!r} has anchors (^, $, \\A, \\Z): the constraint already "
                          "matches the whole generated text, remove them")
-    return make(model, sampler, pattern, kind="regex", engine=engine, ban=ban, ban_case=ban_case)
+    check_model(model)
+    return make(model, sampler, engines.regex(pattern, model.tokenizer, engine=engine), kind="regex", ban=ban,
+                ban_case=ban_case)

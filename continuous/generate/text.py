@@ -12,6 +12,6 @@ def text(model, sampler=None, *, ban=None, ban_case=False) -> SequenceGenerator:
         A sampler from ``continuous.samplers`` (default: greedy).
     ban, ban_case
         Phrases and ``regex`` patterns the output may not contain (a dict phrase ->
-        factor for soft bans), and whether phrases match case (SPEC section 6).
+        factor for soft bans), and whether phrases match case (:mod:`continuous.ban`).
     """
     return make(model, sampler, ban=ban, ban_case=ban_case)

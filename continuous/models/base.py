@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -88,6 +88,7 @@ class Cache(Protocol):
         """Only where ``movable``: row ``i`` slot ``j`` of the result is row ``rows[i]`` slot ``slots[i, j]``."""
 
 
+@runtime_checkable
 class Model(Protocol):
     """A backend: the local transformers one or the swarm one."""
 

@@ -11,7 +11,7 @@ def _allowed_ids(constraints, row):
 
 
 def _constraints(tokenizer, pattern, rows=2, engine=None):
-    constraint = regex(pattern, tokenizer, engine)
+    constraint = regex(pattern, tokenizer, engine=engine)
     return RowConstraints(constraint, rows, len(tokenizer), len(tokenizer), tokenizer.eos_token_id,
                           torch.device("cpu"))
 

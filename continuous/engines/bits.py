@@ -1,0 +1,86 @@
+"""Packed token masks: the one owner of their layout.
+
+A row of ``words(n)`` int32 words holds one bit per token: bit ``t % 32`` of word
+``t // 32`` (bit 31 is the sign bit). Engines write these rows on the host, a few KB
+even for 128k vocabularies; the decoding loop copies them to the device and unpacks them
+there.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+
+__all__ = ["words", "pack", "has", "clear", "only", "unpack", "fill_row"]
+
+
+def words(n_tokens: int) -> int:
+    """Words of a row covering ``n_tokens`` tokens."""
+    return (n_tokens + 31) // 32
+
+
+def _weights(device) -> torch.Tensor:
+    # Bit 31's weight is negative: sums of distinct bits then fit an int32.
+    return torch.tensor([1 << i for i in range(31)] + [-(1 << 31)], dtype=torch.int32, device=device)
+
+
+def pack(ids: Iterable[int] | None, row: torch.Tensor, n_tokens: int) -> None:
+    """Write the allowed ``ids`` (``None``: every id below ``n_tokens``) into an int32 row."""
+    allowed = np.zeros(row.numel() * 32, dtype=bool)
+    if ids is None:
+        allowed[:n_tokens] = True
+    else:
+        allowed[np.fromiter(ids, dtype=np.int64)] = True
+    row.copy_(torch.from_numpy(np.packbits(allowed, bitorder="little").view(np.int32)))
+
+
+def has(row: torch.Tensor, token: int) -> bool:
+    """Whether the row allows ``token``."""
+    return bool(int(row[token // 32]) >> (token % 32) & 1)
+
+
+def clear(row: torch.Tensor, token: int) -> None:
+    """Forbid ``token`` in the row, in place."""
+    row[token // 32] &= int(_weights("cpu")[token % 32]) ^ -1
+
+
+def only(row: torch.Tensor) -> int | None:
+    """The one token a row allows, or ``None`` when it allows none or several."""
+    nonzero = row.nonzero()
+    if nonzero.shape[0] != 1:
+        return None
+    at = int(nonzero[0, 0])
+    word = int(row[at]) & 0xFFFFFFFF
+    return at * 32 + word.bit_length() - 1 if word & (word - 1) == 0 else None
+
+
+_UNPACK: dict = {}
+
+
+def unpack(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """Boolean ``[rows, n]`` of packed int32 rows, computed on their device."""
+    table = _UNPACK.get(rows.device)
+    if table is None:
+        table = _UNPACK[rows.device] = _weights(rows.device)
+    return ((rows.unsqueeze(-1) & table) != 0).view(rows.shape[0], -1)[:, :n]
+
+
+def fill_row(row: torch.Tensor, n_words: int, write: Callable[[torch.Tensor], None]) -> None:
+    """Write a mask of ``n_words`` words into a row that may be wider (padded logits).
+
+    ``write(row)`` fills an exact-width contiguous int32 CPU row. Words past ``n_words``
+    are zeroed: ids beyond the tokenizer's vocabulary are never allowed.
+    """
+    if row.dim() != 1 or row.dtype != torch.int32 or row.device.type != "cpu":
+        raise ValueError("the mask row must be a 1-D int32 CPU tensor")
+    if row.numel() < n_words:
+        raise ValueError(f"the mask row has {row.numel()} words; the vocabulary needs {n_words}")
+    if row.numel() == n_words and row.is_contiguous():
+        write(row)
+        return
+    scratch = torch.empty(n_words, dtype=torch.int32)
+    write(scratch)
+    row[:n_words].copy_(scratch)
+    row[n_words:].zero_()
