@@ -1,6 +1,7 @@
 """generate.cfg: outputs of arithmetic, SQL-subset and JSON-like grammars parse (checked by other parsers)."""
 
 import json
+import random
 import re
 
 import pytest
@@ -91,3 +92,35 @@ def test_bad_grammars_fail_when_built(model):
         generate.cfg(model, "start: ( \n")
     with pytest.raises(TypeError):
         generate.cfg(model, 42)
+
+
+def test_a_grammar_the_engine_cannot_serve_fails_when_built_and_briefly():
+    from continuous.testing import real_tokenizer
+
+    tok = real_tokenizer("llama-bpe")
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(3, 9))) for _ in range(1000)]
+    grammar = "start: " + " | ".join(f"/[a-z ]*{w}[a-z ]*/" for w in words) + "\n"
+    with pytest.raises(ValueError, match="cannot serve") as failure:
+        generate.cfg(_model(tok), grammar)
+    assert len(str(failure.value)) < 600  # the reason, not the engine's dump of its state
+
+
+def test_a_grammar_whose_language_is_empty_fails_when_built(model):
+    for grammar in ['start: a\na: "x" a\n', 'start: "x" start\n']:  # rules that never end
+        with pytest.raises(ValueError, match="matches no text"):
+            generate.cfg(model, grammar)
+    generate.cfg(model, 'start: a\na: "x" a | "y"\n')  # with a way out it builds
+
+
+def test_a_regex_ending_in_a_lone_backslash_is_refused(model):
+    with pytest.raises(ValueError, match="backslash"):
+        generate.regex(model, "a\\")
+    assert generate.regex(model, "a\\\\").constraint is not None  # an escaped backslash is text
+
+
+def _model(tok):
+    from continuous import models
+    from continuous.testing import build_llama
+
+    return models.transformers(build_llama(tok, "tiny", vocab_size=len(tok)), tok)

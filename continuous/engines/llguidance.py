@@ -27,7 +27,8 @@ from .formats import DATE, DATE_TIME
 
 __all__ = ["json_schema", "regex", "lark", "lltokenizer", "LLGuidanceConstraint", "LLGuidanceMatcher"]
 
-#: Forced runs followed at build time to tell a grammar that never ends (an empty language).
+#: Runs of forced tokens (16 each) followed at build time to tell a grammar that never
+#: ends, such as a rule with no way out (an empty language).
 _ENDLESS = 64
 
 
@@ -163,12 +164,19 @@ class LLGuidanceConstraint:
             raise ValueError(f"llguidance cannot serve {description}: {exc}") from None
         # A language is empty when nothing is allowed at the start, or when the text the
         # grammar forces goes on and on without ever being complete (a rule with no end).
-        walk = first._m.deep_copy()
+        # (Following such a run, llguidance gives up in an error: "too many items".)
+        walk, endless = first._m.deep_copy(), True
         for _ in range(_ENDLESS):
-            if walk.is_accepting() or not walk.compute_ff_tokens():
+            forced = walk.compute_ff_tokens()[:16]
+            if walk.is_error():
                 break
-            walk.consume_tokens(walk.compute_ff_tokens())
-        else:
+            if walk.is_accepting() or not forced:
+                endless = False
+                break
+            walk.consume_tokens(forced)
+            if walk.is_error():
+                break
+        if endless:
             row.zero_()
         if not row.any() and not first.accepting():
             raise ValueError(f"{description} matches no text: no sequence of tokens can complete it")
