@@ -135,3 +135,14 @@ def test_a_prompt_ending_in_a_byte_token_keeps_its_text_out_of_the_value(name):
     assert stopped.value  # the prompt's "\n" is no stop string of this call
     nothing = continuous(generate.text(model))(prompt, max_tokens=0)
     assert str(nothing) == prompt and nothing._rows.ends == (tuple(e for _, e in tok(prompt, return_offsets_mapping=True)["offset_mapping"]),)
+
+
+def test_json_completes_on_a_random_model_with_the_default_whitespace(arch):
+    """Free whitespace lets a weak model write blank space until max_tokens; bounded, it finishes."""
+    name, hf, tok, model = arch
+    schema = {"type": "object", "properties": {"city": {"enum": ["Lima", "Oslo", "Kyoto"]},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                               "ok": {"type": "boolean"}},
+              "required": ["city", "age", "ok"], "additionalProperties": False}
+    state = continuous(generate.json(model, schema))(PROMPT + "\nJSON: ", max_tokens=60)
+    assert state.finish_reasons == ["eos"] and set(state.value) == {"city", "age", "ok"}

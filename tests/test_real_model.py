@@ -84,3 +84,18 @@ def test_a_banned_word_is_avoided_by_rewinding(model):
     before = model.stats.tokens_rewound
     state = continuous(generate.text(model, ban=["Paris"]))(prompt, max_tokens=24)
     assert "Paris" not in state.value and model.stats.tokens_rewound > before
+
+
+def test_json_keeps_the_layout_the_model_writes_by_itself(model):
+    prompt = chat.prompt(model, [{"role": "user", "content": "Extract the order as JSON with fields customer, "
+                                  "item, quantity. Message: 'Hi, this is Maria Lopez, I would like 3 blue "
+                                  "kettles please.'"}])
+    constrained = continuous(generate.json(model, Order))(prompt, max_tokens=80)
+    text = str(constrained)[len(prompt):]
+    assert "\n  " in text  # pretty-printed, as the model writes JSON
+    free = continuous(generate.text(model))(prompt, max_tokens=80).value
+    # Unconstrained, the model writes the same layout (whatever it then writes inside).
+    layout = lambda s: [line[: len(line) - len(line.lstrip())] for line in s.splitlines()[:2]]  # noqa: E731
+    assert layout(text) == layout(free)
+    compact = continuous(generate.json(model, Order, whitespace="compact"))(prompt, max_tokens=80)
+    assert "\n" not in str(compact)[len(prompt):] and " " not in str(compact)[len(prompt):].split('"')[0]
