@@ -1,7 +1,7 @@
 """Backends: ``models.transformers`` (local) and ``models.remote`` (a hivemind swarm)."""
 
-from .base import Model, Stats
+from .base import Cache, Model, Stats
 from .remote import Remote, remote
 from .transformers import Transformers, transformers
 
-__all__ = ["Model", "Stats", "Transformers", "transformers", "Remote", "remote"]
+__all__ = ["Model", "Cache", "Stats", "Transformers", "transformers", "Remote", "remote"]

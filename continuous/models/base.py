@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Stats", "Model", "Cache", "check_layout", "position_ids", "stop_ids"]
+__all__ = ["Stats", "Model", "Cache", "check_layout", "stop_ids"]
 
 
 @dataclass
@@ -137,9 +137,3 @@ def check_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, start: i
     if tuple(attention_mask.shape) != (rows, start + n):
         raise ValueError(f"attention mask {tuple(attention_mask.shape)} does not cover the cache "
                          f"({start}) and the {n} new slots of {rows} rows")
-
-
-def position_ids(attention_mask: torch.Tensor, start: int) -> torch.Tensor:
-    """Positions of the slots from ``start`` on: each row counts only its real tokens."""
-    pos = attention_mask.long().cumsum(-1) - 1
-    return pos[:, start:].clamp(min=0)

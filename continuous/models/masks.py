@@ -14,18 +14,34 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["layer_kinds", "check_supported", "attention_masks"]
+__all__ = ["layer_windows", "positions", "near", "check_supported", "attention_masks"]
 
-_KINDS = {"full_attention": False, "sliding_attention": True}
+_TYPES = ("full_attention", "sliding_attention")
 
 
-def layer_kinds(config) -> list[bool]:
-    """Per layer, whether it is a sliding-window layer."""
-    n = config.num_hidden_layers
+def layer_windows(config) -> list[int | None]:
+    """Each layer's sliding window (``None``: full attention), as transformers assigns them."""
+    window = getattr(config, "sliding_window", None)  # configs without sliding windows lack the field
     types = getattr(config, "layer_types", None)
-    if types is not None:
-        return [_KINDS[t] for t in types]
-    return [getattr(config, "sliding_window", None) is not None] * n
+    if types is None:
+        return [window] * config.num_hidden_layers
+    return [window if t == "sliding_attention" else None for t in types]
+
+
+def positions(mask: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """The position of each slot from ``start`` on: a row counts only its real tokens.
+
+    A masked slot (padding, a hole) gets its last real token's position; it is never used.
+    """
+    return (mask.long().cumsum(-1)[..., start:] - 1).clamp(min=0)
+
+
+def near(query: torch.Tensor, key: torch.Tensor, window: int) -> torch.Tensor:
+    """Whether a key is within a query's sliding window: fewer than ``window`` positions behind it.
+
+    Measured in positions (real tokens), not slots: a row may have holes.
+    """
+    return query - key < window
 
 
 def check_supported(model) -> None:
@@ -44,7 +60,7 @@ def check_supported(model) -> None:
         raise ValueError(f"{config.model_type} models keep a recurrent state that cannot be cropped or "
                          "rewound: continuous needs attention layers whose cache it can cut at any token")
     types = getattr(config, "layer_types", None) or []
-    unknown = sorted(set(types) - set(_KINDS))
+    unknown = sorted(set(types) - set(_TYPES))
     if unknown:
         raise ValueError(f"layer types {unknown} are not supported (only full and sliding-window attention): "
                          "their state cannot be cropped at any token")
@@ -53,14 +69,14 @@ def check_supported(model) -> None:
                          "load the model with attn_implementation='sdpa' or 'eager'")
 
 
-def attention_masks(config, kinds: list[bool], embeds_like: torch.Tensor, mask: torch.Tensor | None,
+def attention_masks(config, windows: list[int | None], embeds_like: torch.Tensor, mask: torch.Tensor | None,
                     cache, position_ids: torch.Tensor, holes: bool):
     """The ``attention_mask`` argument of a forward over slots ``[start, start + n)``.
 
     Parameters
     ----------
-    config, kinds
-        The model's config and :func:`layer_kinds`.
+    config, windows
+        The model's config and :func:`layer_windows`.
     embeds_like
         Any tensor ``[rows, n, ...]`` of the compute dtype and device.
     mask
@@ -78,19 +94,20 @@ def attention_masks(config, kinds: list[bool], embeds_like: torch.Tensor, mask: 
     The 2D mask (or ``None``) when transformers' masks are exact; otherwise the 4D mask,
     or a dict of them per layer kind (hybrid models).
     """
-    if mask is None or not holes or not any(kinds):
+    sliding = [w is not None for w in windows]
+    if mask is None or not holes or not any(sliding):
         return mask
     from transformers.masking_utils import create_causal_mask
 
-    window = config.sliding_window
-    positions = mask.long().cumsum(-1) - 1
+    window = next(w for w in windows if w is not None)
+    at = positions(mask)
 
     def within_window(batch_idx, head_idx, q_idx, kv_idx):
-        return positions[batch_idx, q_idx] - positions[batch_idx, kv_idx] < window
+        return near(at[batch_idx, q_idx], at[batch_idx, kv_idx], window)
 
-    sliding = create_causal_mask(config, embeds_like, mask, cache, position_ids,
-                                 and_mask_function=within_window, layer_idx=kinds.index(True))
-    if all(kinds):
-        return sliding
-    full = create_causal_mask(config, embeds_like, mask, cache, position_ids, layer_idx=kinds.index(False))
-    return {"full_attention": full, "sliding_attention": sliding}
+    windowed = create_causal_mask(config, embeds_like, mask, cache, position_ids,
+                                  and_mask_function=within_window, layer_idx=sliding.index(True))
+    if all(sliding):
+        return windowed
+    full = create_causal_mask(config, embeds_like, mask, cache, position_ids, layer_idx=sliding.index(False))
+    return {"full_attention": full, "sliding_attention": windowed}

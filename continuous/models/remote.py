@@ -22,7 +22,8 @@ import weakref
 
 import torch
 
-from .base import Stats, check_layout, position_ids, stop_ids
+from .base import Stats, check_layout, stop_ids
+from .masks import positions
 
 __all__ = ["Remote", "RemoteCache", "remote"]
 
@@ -169,7 +170,7 @@ class Remote:
             hidden = self.model.embed(input_ids.cpu())
             mask = None if bool(attention_mask.all()) else attention_mask
             out = handle.session.step(hidden, hypo_ids, start_position=start, attention_mask=mask,
-                                      position_ids=position_ids(attention_mask, start))
+                                      position_ids=positions(attention_mask, start))
             logits = self.model.logits(out[:, -logits_to_keep:])
         if hypo_ids is not None:
             handle.epoch += 1

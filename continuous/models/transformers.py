@@ -9,7 +9,7 @@ import torch
 
 from ..kv import ForwardCache, KVCache, StaticStepCache
 from .base import Stats, check_layout, stop_ids
-from .masks import attention_masks, check_supported, layer_kinds
+from .masks import attention_masks, check_supported, layer_windows, near, positions
 
 __all__ = ["Transformers", "transformers", "check_causal"]
 
@@ -55,7 +55,8 @@ class Transformers:
                               or getattr(model.config, "n_positions", 0) or 10**9)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.kinds = layer_kinds(model.config)
+        self.windows = layer_windows(model.config)
+        self.kinds = [w is not None for w in self.windows]
         self.eos_token_ids = stop_ids(tokenizer, model.generation_config)
         # Queue each decode step before the host has read the last step's ids (see
         # decoding.decode): it pays where the device runs asynchronously.
@@ -90,14 +91,14 @@ class Transformers:
         device = self.device
         input_ids = input_ids.to(device, non_blocking=True)
         if attention_mask is None:  # every slot is a real token: plain causal attention
-            positions = torch.arange(start, start + n, device=device).expand(rows, n)
+            at = torch.arange(start, start + n, device=device).expand(rows, n)
             mask, n_real = None, rows * n
         else:
             check_layout(input_ids, attention_mask, start)
             if n_real is None:
                 n_real = int(attention_mask[:, start:].sum())
             mask = attention_mask.to(device, non_blocking=True)
-            positions = (mask.long().cumsum(-1)[:, start:] - 1).clamp(min=0)
+            at = positions(mask, start)
         width = self._compiled_width(n, mask, cache, logits_to_keep)
         fc = ForwardCache(cache, rows, width or n, self.kinds)
         if width:
@@ -116,8 +117,8 @@ class Transformers:
         try:
             with torch.inference_mode():
                 embeds_like = torch.empty((rows, n, 0), dtype=self.dtype, device=device)
-                masks = attention_masks(self.model.config, self.kinds, embeds_like, mask, fc, positions, holes)
-                out = self.model(input_ids=input_ids, attention_mask=masks, position_ids=positions,
+                masks = attention_masks(self.model.config, self.windows, embeds_like, mask, fc, at, holes)
+                out = self.model(input_ids=input_ids, attention_mask=masks, position_ids=at,
                                  past_key_values=fc, use_cache=True, logits_to_keep=logits_to_keep)
         except BaseException:
             fc.abort()
@@ -155,20 +156,20 @@ class Transformers:
         write_at = slots[start : start + width]
         if mask is None:  # every slot up to the queries is real: positions are the slots
             full = (slots[None, :] <= write_at[:, None]).expand(rows, width, capacity)
-            positions = slots.expand(rows, capacity)
+            at = slots.expand(rows, capacity)
             query = write_at.expand(rows, width)
         else:  # one token (see _compiled_width)
             full = torch.zeros((rows, capacity), dtype=torch.bool, device=self.device)
             full[:, : start + 1] = mask.bool()
-            positions = full.long().cumsum(-1) - 1
-            query = positions[:, start : start + 1].clamp(min=0).contiguous()
+            at = positions(full)
+            query = at[:, start : start + 1].contiguous()
             full = full[:, None, :]
         keys = full[:, None, :, :]
         masks = keys
         if any(self.kinds):
-            near = (query[:, :, None] - positions[:, None, :]) < self.model.config.sliding_window
-            window = keys & near[:, None, :, :]
-            masks = window if all(self.kinds) else {"full_attention": keys, "sliding_attention": window}
+            window = next(w for w in self.windows if w is not None)
+            windowed = keys & near(query[:, :, None], at[:, None, :], window)[:, None, :, :]
+            masks = windowed if all(self.kinds) else {"full_attention": keys, "sliding_attention": windowed}
         if self.model.config._attn_implementation == "eager":  # eager attention adds its mask
             low = torch.finfo(self.dtype).min
             as_bias = lambda m: torch.zeros(m.shape, dtype=self.dtype, device=self.device).masked_fill(~m, low)  # noqa: E731

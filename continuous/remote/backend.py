@@ -12,19 +12,11 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from continuous.models.masks import layer_windows, near
 from continuous.remote.checkpoint import load_config, model_class, read_weights
 from continuous.remote.memory import MemoryBudget, SessionCache
 
 logger = logging.getLogger(__name__)
-
-
-def layer_windows(config) -> list[int | None]:
-    """Each block's sliding window (``None``: full attention), as transformers assigns them."""
-    window = getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None)
-    if types is None:
-        return [window] * config.num_hidden_layers
-    return [window if t == "sliding_attention" else None for t in types]
 
 
 @dataclass
@@ -234,7 +226,7 @@ class Blocks(nn.Module):
         if attention_mask is not None:
             allowed = allowed & attention_mask[:, None, :].bool()
         if windowed:
-            allowed = allowed & (positions[:, start:, None] - positions[:, None, :] < window)
+            allowed = allowed & near(positions[:, start:, None], positions[:, None, :], window)
         # A query always sees itself, so a row whose keys are all masked cannot yield NaN.
         allowed = allowed | (key == query)[None]
         mask = torch.zeros(rows, 1, n, total, dtype=self.dtype_)
