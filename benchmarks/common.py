@@ -52,7 +52,7 @@ def reference_model(size: str):
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from continuous.testing import build_model_dir
+    from support.models import build_model_dir
 
     path = build_model_dir(MODELS / size, size=size, seed=0)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -63,7 +63,7 @@ def random_text(tokenizer, n_tokens: int, seed: int) -> str:
     """Text of about ``n_tokens`` tokens drawn from the synthetic corpus (reproducible)."""
     import random
 
-    from continuous.testing import corpus
+    from support.models import corpus
 
     lines = corpus(400, seed)
     random.Random(seed).shuffle(lines)

@@ -56,7 +56,7 @@ def parse_args():
 def build(device: str, quick: bool):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from continuous.testing import real_tokenizer
+    from support.models import real_tokenizer
 
     tok = real_tokenizer("llama-bpe")
     dtype = torch.bfloat16 if device == "cuda" else torch.float32

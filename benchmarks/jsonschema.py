@@ -58,7 +58,7 @@ def _default_archive() -> Path:
     """The pinned jsonschemabench tarball, downloaded once into the cache."""
     import urllib.request
 
-    from continuous.testing import cache_dir
+    from support.models import cache_dir
 
     out = cache_dir() / "jsonschemabench" / f"{PINNED}.tar.gz"
     if not out.exists():
@@ -313,7 +313,7 @@ def main() -> None:
     per_split = None if args.full else 2 if args.quick else args.per_split
     timeout_s = min(args.timeout, 3.0) if args.quick else args.timeout
 
-    from continuous.testing import real_tokenizer
+    from support.models import real_tokenizer
 
     cases = load_cases(args.data, per_split)
     _TOKENIZER = real_tokenizer("llama-bpe")

@@ -18,7 +18,7 @@ import torch
 
 from common import emit, median, random_text, setup, timed
 from continuous import continuous, generate, models
-from continuous.remote.launch import Swarm
+from continuous.demo.swarm import Swarm
 
 
 def decode_ms(model, gen, base, n):

@@ -30,11 +30,11 @@ import torch
 from hivemind.p2p import PeerID
 
 from common import emit, random_text, reference_model, parse_args
-from continuous.remote.hf import DistributedModelForCausalLM
-from continuous.remote.launch import Swarm
-from continuous.remote.protocol import default_dht_prefix
-from continuous.remote.routing import SwarmClient
-from continuous.remote.stress import Chaos, budget_in_use, fuzz, greedy_clients
+from continuous.remote.client.bridge import DistributedModelForCausalLM
+from continuous.demo.swarm import Swarm
+from continuous.remote.wire.protocol import default_dht_prefix
+from continuous.remote.client.routing import SwarmClient
+from support.stress import Chaos, budget_in_use, fuzz, greedy_clients
 
 CACHE_BYTES = 2**30
 REPEATS = 5

@@ -1,39 +1,46 @@
-"""A conversation through a model's own chat template, forwarding only the new tokens.
+"""A conversation through a chat template, forwarding only the new tokens.
 
-This runs in seconds on a tiny random-weight Qwen2 model with the real Qwen2 tokenizer
-and chat template: it shows the mechanics (the text is the template rendered on all
-messages, and each turn forwards only its new tokens), and the answers are gibberish
-because the weights are random.
+The demo model shipped with the package was trained on ``User: ...`` /
+``Assistant: ...`` dialogues; a small Jinja chat template renders messages in that
+format, as a real model's tokenizer renders its own. Each turn forwards only its new
+tokens, and the state's text is always the template rendered on all messages.
 
 Run: ``python examples/chat_template.py``
 """
 
+import torch
+
 from continuous import chat, continuous, generate, models
-from continuous.testing import build_arch
+from continuous.assets import DEMO_MODEL
+
+# User lines as "User: text", assistant lines as "Assistant:" then the answer as the model
+# writes it (with its leading space), one message per line.
+TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}User: {{ m['content'] }}\n"
+            "{% else %}Assistant:{{ m['content'] }}\n{% endif %}{% endfor %}"
+            "{% if add_generation_prompt %}Assistant:{% endif %}")
 
 
 def main() -> None:
-    hf, tokenizer = build_arch("qwen2")
-    model = models.transformers(hf, tokenizer)
+    model = models.transformers(DEMO_MODEL, dtype=torch.float32)
+    model.tokenizer.chat_template = TEMPLATE
     gen = continuous(generate.text(model))
 
-    conv = chat.Conversation(model, [{"role": "system", "content": "You answer in one word."}])
-    for question in ["What colour is the sky?", "And the sea?", "And grass?"]:
+    conv = chat.Conversation(model)
+    for question in ["Tell me about Omar.", "And about Lena?", "Where does Bob live?"]:
         conv.add("user", question)
         before = model.stats.tokens_forwarded
-        answer = conv.reply(gen, max_tokens=6)
+        answer = conv.reply(gen, max_tokens=40, stop_at="\n")
         forwarded = model.stats.tokens_forwarded - before
-        total = len(tokenizer(str(conv.state), add_special_tokens=False).input_ids)
-        print(f"user: {question!r}\nassistant (random weights): {answer!r}")
+        total = len(model.tokenizer(str(conv.state)).input_ids)
+        print(f"user: {question!r}\nassistant: {answer!r}")
         print(f"  forwarded {forwarded} tokens this turn; the conversation holds {total}\n")
 
-    rendered = tokenizer.apply_chat_template(conv.messages, tokenize=False)
-    print("state text == template on all messages (up to the last end-of-turn):",
-          rendered.startswith(str(conv.state)))
+    rendered = chat.prompt(model, conv.messages, add_generation_prompt=False)
+    print("state text == template on all messages:", rendered.startswith(str(conv.state)))
 
-    # Without the helper: add one message to a state by hand.
+    # Without the Conversation: add one message to a state by hand.
     state = conv.state + chat.turn(model, "user", "Thanks!")
-    print(repr(str(state)[-80:]))
+    print(repr(str(state)[-60:]))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch
 
 from continuous import continuous, generate, models
 from continuous.assets import DEMO_MODEL
-from continuous.remote.launch import Swarm
+from continuous.demo.swarm import Swarm
 
 TURNS = ["Hi, I am Priya and I live in Oslo.", "I have a cat.", "Where do I live?", "Thanks!"]
 

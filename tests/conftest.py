@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from continuous import models
-from continuous.testing import build_llama, build_tokenizer
+from support.models import build_llama, build_tokenizer
 
 
 @pytest.fixture(scope="session")

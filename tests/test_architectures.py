@@ -1,6 +1,6 @@
 """continuous equals HF ``generate`` on real architectures with real tokenizers, sliding windows included.
 
-Each model is a tiny random-weight one (``continuous.testing.build_arch``) with its
+Each model is a tiny random-weight one (``support.models.build_arch``) with its
 family's real tokenizer. The reference is always HF ``generate`` (greedy) started from
 the same token ids, on one row alone, with no cache of ours: so every operation that
 keeps a cache (generate, add text, slice, add a state, batches with holes, JSON) is
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from continuous import continuous, generate, models
-from continuous.testing import ARCHITECTURES, build_arch, real_tokenizer
+from support.models import ARCHITECTURES, build_arch, real_tokenizer
 
 PROMPT = "Le café coûte 3 € — très cher! Naïve façade, 東京 and emoji 🙂 in a longer sentence here."
 

@@ -95,7 +95,7 @@ def test_bad_grammars_fail_when_built(model):
 
 
 def test_a_grammar_the_engine_cannot_serve_fails_when_built_and_briefly():
-    from continuous.testing import real_tokenizer
+    from support.models import real_tokenizer
 
     tok = real_tokenizer("llama-bpe")
     rng = random.Random(0)
@@ -121,6 +121,6 @@ def test_a_regex_ending_in_a_lone_backslash_is_refused(model):
 
 def _model(tok):
     from continuous import models
-    from continuous.testing import build_llama
+    from support.models import build_llama
 
     return models.transformers(build_llama(tok, "tiny", vocab_size=len(tok)), tok)

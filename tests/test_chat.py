@@ -5,7 +5,7 @@ import warnings
 import pytest
 
 from continuous import chat, continuous, generate, models, samplers
-from continuous.testing import build_arch
+from support.models import build_arch
 
 # Rewrites the first turn: the system line counts the messages, so every new message
 # changes text rendered before it.

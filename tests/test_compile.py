@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from continuous import continuous, generate, models
-from continuous.testing import build_arch
+from support.models import build_arch
 
 PROMPTS = ["User: Tell me about Omar and his twelve cats, one by one.\nAssistant:", "Hi"]
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from continuous import continuous, generate, models
 from continuous.detok import Detokenizer, dangling
 from continuous.samplers import Sampler
-from continuous.testing import build_llama, real_tokenizer
+from support.models import build_llama, real_tokenizer
 
 WORDS = ["東京", "🙂", "wörld", " 你好", "€", " café", "😀👍", "a", " the"]
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from continuous.engines import ENGINES
 from continuous.engines import llguidance as llg
 from continuous.engines import outlines_core as occ
-from continuous.testing import build_tokenizer, real_tokenizer
+from support.models import build_tokenizer, real_tokenizer
 
 MODULES = {"llguidance": llg, "outlines_core": occ}
 SLOW = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

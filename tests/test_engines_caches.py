@@ -7,7 +7,7 @@ import pytest
 
 from continuous.engines import caches, llguidance, outlines_core
 from continuous.heal import token_strings
-from continuous.testing import build_tokenizer
+from support.models import build_tokenizer
 
 
 def live(kind):

@@ -101,3 +101,13 @@ def test_grammar_outputs_parse():
     assert len(queries) == 2 and all(sql.fullmatch(q) for q in queries)
     assert re.search(r"arithmetic : '[0-9()+\-*/]+;'", out)
     assert int(re.search(r"forwarded (\d+) tokens", out).group(1)) < 60  # the second query: new tokens only
+
+
+def test_chat_template_turns_forward_only_their_new_tokens_and_match_the_template():
+    out = run("chat_template.py")
+    turns = [tuple(map(int, t)) for t in re.findall(r"forwarded (\d+) tokens this turn; the conversation holds (\d+)",
+                                                   out)]
+    assert len(turns) == 3
+    for (spent, held), (_, before) in zip(turns[1:], turns):
+        assert spent == held - before  # each turn forwards exactly what it adds
+    assert "state text == template on all messages: True" in out

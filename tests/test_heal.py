@@ -7,7 +7,7 @@ import torch
 
 from continuous import continuous, generate, models
 from continuous.heal import HealMatcher, heal_length, token_strings
-from continuous.testing import build_arch
+from support.models import build_arch
 
 PROMPTS = ["Visit https://www.exa", "The quick bro", "Il était une foi", "Le café est cha"]
 

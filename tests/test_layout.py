@@ -5,7 +5,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from continuous.layout import Rows, encode, retokenize
-from continuous.testing import real_tokenizer
+from support.models import real_tokenizer
 
 TEXT = st.text(alphabet=st.sampled_from(list("ab lo {}\":,0123é€🙂\n")), max_size=30)
 

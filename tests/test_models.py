@@ -5,7 +5,7 @@ import torch
 
 from continuous import continuous, generate, models
 from continuous.models.base import Stats
-from continuous.testing import build_model_dir
+from support.models import build_model_dir
 
 
 def test_loads_from_a_path_and_counts_its_work(tmp_path_factory):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from continuous import (BatchMismatch, CacheResetWarning, SampleMismatch, continuous, generate, models,
                         samplers)
-from continuous.testing import build_llama
+from support.models import build_llama
 from invariants import assert_equivalent
 
 PROMPTS = ["Alice is 30 years old", "Bob", "Order #1042: 3 x lamp shipped to Oslo"]

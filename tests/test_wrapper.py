@@ -164,7 +164,7 @@ def test_too_long_prompt_fails_before_any_compute(model, gen):
 
 def test_wrong_model_state(model, tokenizer):
     from continuous import models
-    from continuous.testing import build_llama
+    from support.models import build_llama
 
     other = continuous(generate.text(models.transformers(build_llama(tokenizer, seed=2), tokenizer)))
     state = continuous(generate.text(model))("x", max_tokens=1)

@@ -16,7 +16,7 @@ Server side: ``python -m continuous.server --model PATH --blocks 0:6 --new-swarm
 Heavy modules are imported on first use, so that ``import continuous.remote`` is cheap.
 """
 
-from continuous.remote.protocol import (
+from continuous.remote.wire.protocol import (
     AllocationError, BadRequestError, MaxLengthError, ProtocolError, RemoteError, ServerFaultError,
     ServerShutdownError, SessionTimeoutError,
 )
@@ -27,8 +27,8 @@ __all__ = [
     "ServerFaultError",
 ]
 
-_LAZY = {"DistributedModelForCausalLM": "continuous.remote.hf", "InferenceSession": "continuous.remote.client",
-         "SwarmClient": "continuous.remote.routing"}
+_LAZY = {"DistributedModelForCausalLM": "continuous.remote.client.bridge", "InferenceSession": "continuous.remote.client.session",
+         "SwarmClient": "continuous.remote.client.routing"}
 
 
 def __getattr__(name):

@@ -8,7 +8,7 @@ import regex
 import torch
 
 from continuous import BanExhausted, ContextWarning, continuous, generate, models
-from continuous.testing import build_llama
+from support.models import build_llama
 
 
 def _new_ids(state, prompt_ids):

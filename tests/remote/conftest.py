@@ -12,7 +12,7 @@ import pytest
 import torch
 from swarm_helpers import Swarm
 
-from continuous.testing import build_model_dir
+from support.models import build_model_dir
 
 
 @pytest.fixture(scope="session")

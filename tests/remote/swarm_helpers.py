@@ -2,7 +2,7 @@
 
 from functools import partial
 
-from continuous.remote.launch import Swarm as _Swarm
+from continuous.demo.swarm import Swarm as _Swarm
 
 CACHE_BYTES = 1_000_000
 SERVER_MAX_LENGTH = 1024

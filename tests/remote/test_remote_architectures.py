@@ -4,10 +4,10 @@ local parts together give the logits of the transformers model; others are refus
 import pytest
 import torch
 
-from continuous.remote.backend import Blocks
-from continuous.remote.hf import DistributedModelForCausalLM
-from continuous.remote.memory import MemoryBudget
-from continuous.testing import build_arch
+from continuous.remote.server.blocks import Blocks
+from continuous.remote.client.bridge import DistributedModelForCausalLM
+from continuous.remote.server.memory import MemoryBudget
+from support.models import build_arch
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -89,7 +89,7 @@ def test_a_batch_of_sessions_equals_each_alone(arch):
     """Sessions of different lengths, rows, masks and numbers of new tokens (decode steps,
     a forced run, a fresh prefill) stepped as one forward give what each gives alone
     (allclose: the matrix products differ in shape only)."""
-    from continuous.remote.backend import Step
+    from continuous.remote.server.blocks import Step
 
     name, model, tok, path = arch
     _, blocks = _swarm_parts(path, model.config.num_hidden_layers)
@@ -135,7 +135,7 @@ def test_a_batch_of_sessions_equals_each_alone(arch):
 def test_sliding_window_models_through_servers_equal_transformers(name, tmp_path):
     """Two servers on 127.0.0.1 (two spans), greedy decoding well past the window: the
     tokens of transformers' generate on the same model."""
-    from continuous.remote.launch import Swarm
+    from continuous.demo.swarm import Swarm
 
     model, tok = build_arch(name)
     model.save_pretrained(tmp_path / name)

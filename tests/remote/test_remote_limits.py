@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from continuous.remote import AllocationError, BadRequestError, MaxLengthError, SessionTimeoutError
-from continuous.remote.client import ServerSession
-from continuous.remote.routing import Hop
+from continuous.remote.client.session import ServerSession
+from continuous.remote.client.routing import Hop
 
 from swarm_helpers import CACHE_BYTES, SERVER_MAX_LENGTH
 

@@ -7,12 +7,12 @@ import torch
 from hivemind.p2p import PeerID
 from hivemind.proto import runtime_pb2
 
-from continuous.remote.backend import Blocks
-from continuous.remote.checkpoint import read_weights
-from continuous.remote.protocol import (
+from continuous.remote.server.blocks import Blocks
+from continuous.remote.wire.checkpoint import read_weights
+from continuous.remote.wire.protocol import (
     MAX_FRAME_BYTES, BadRequestError, ProtocolError, deserialize, pack, read_message, serialize, write_message,
 )
-from continuous.remote.routing import ServerInfo, best_chain
+from continuous.remote.client.routing import ServerInfo, best_chain
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -84,7 +84,7 @@ def test_metadata_is_plain_msgpack():
     # An extension type (which some serializers map to arbitrary objects) stays inert.
     import msgpack
 
-    from continuous.remote.protocol import unpack
+    from continuous.remote.wire.protocol import unpack
 
     data = msgpack.packb({"x": msgpack.ExtType(42, b"\x80\x04payload")})
     assert isinstance(unpack(data)["x"], msgpack.ExtType)

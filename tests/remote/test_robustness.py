@@ -12,15 +12,15 @@ import pytest
 import torch
 from hivemind.p2p import PeerID
 
-from continuous.remote.backend import Blocks
-from continuous.remote.client import InferenceSession, ServerSession, _Span
-from continuous.remote.handler import InferenceHandler
-from continuous.remote.hf import SwarmSessionCache
-from continuous.remote.memory import MemoryBudget, SessionCache
-from continuous.remote.protocol import (
+from continuous.remote.server.blocks import Blocks
+from continuous.remote.client.session import InferenceSession, ServerSession, _Span
+from continuous.remote.server.handler import InferenceHandler
+from continuous.remote.client.bridge import SwarmSessionCache
+from continuous.remote.server.memory import MemoryBudget, SessionCache
+from continuous.remote.wire.protocol import (
     MAX_FRAME_BYTES, BadRequestError, RemoteError, ServerFaultError, pack, read_message, write_message,
 )
-from continuous.remote.routing import Hop, ServerInfo
+from continuous.remote.client.routing import Hop, ServerInfo
 
 pytestmark = pytest.mark.timeout(120)
 

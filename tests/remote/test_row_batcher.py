@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from continuous.remote.hf import DistributedModelForCausalLM, RowBatcher
+from continuous.remote.client.bridge import DistributedModelForCausalLM
+from continuous.remote.client.head import RowBatcher
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 from hivemind.p2p import PeerID
 
-from continuous.remote.protocol import default_dht_prefix
-from continuous.remote.routing import SwarmClient
-from continuous.remote.stress import FUZZ_KINDS, Chaos, budget_in_use, fuzz, greedy_clients
+from continuous.remote.wire.protocol import default_dht_prefix
+from continuous.remote.client.routing import SwarmClient
+from support.stress import FUZZ_KINDS, Chaos, budget_in_use, fuzz, greedy_clients
 
 from swarm_helpers import CACHE_BYTES
 

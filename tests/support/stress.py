@@ -21,8 +21,8 @@ import torch
 from hivemind.p2p import PeerID
 from hivemind.proto import runtime_pb2
 
-from continuous.remote.protocol import INFERENCE_HANDLER, MAX_FRAME_BYTES, pack, read_message, write_message
-from continuous.remote.routing import run
+from continuous.remote.wire.protocol import INFERENCE_HANDLER, MAX_FRAME_BYTES, pack, read_message, write_message
+from continuous.remote.client.routing import run
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class Chaos:
     Parameters
     ----------
     swarm
-        A :class:`continuous.remote.launch.Swarm`.
+        A :class:`continuous.demo.swarm.Swarm`.
     period
         Seconds between kills.
     """

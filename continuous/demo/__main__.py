@@ -197,7 +197,7 @@ def swarm(args) -> int:
 
     from continuous import continuous, generate, models
     from continuous.assets import DEMO_MODEL
-    from continuous.remote.launch import Swarm
+    from continuous.demo.swarm import Swarm
 
     start = time.perf_counter()
     print("continuous demo on a swarm: two servers on 127.0.0.1 each serve half of the blocks of\n"

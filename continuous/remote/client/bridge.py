@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
-import time
+import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -21,10 +21,11 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from continuous.remote.checkpoint import architecture, load_config, model_class, read_weights
-from continuous.remote.client import InferenceSession
-from continuous.remote.protocol import default_dht_prefix
-from continuous.remote.routing import SwarmClient
+from continuous.remote.wire.checkpoint import architecture, load_config, model_class, read_weights
+from continuous.remote.client.session import InferenceSession
+from continuous.remote.wire.protocol import default_dht_prefix
+from continuous.remote.client.head import RowBatcher
+from continuous.remote.client.routing import SwarmClient
 
 logger = logging.getLogger(__name__)
 
@@ -73,111 +74,6 @@ class SwarmSessionCache(Cache):
     def pop_hypo_ids(self) -> torch.Tensor | None:
         hypo_ids, self.hypo_ids = self.hypo_ids, None
         return hypo_ids
-
-
-class _Call:
-    """One caller's input to a :class:`RowBatcher`, then its result or error."""
-
-    def __init__(self, x: torch.Tensor):
-        self.x, self.result, self.error, self.done = x, None, None, False
-        # Inputs are stacked only with inputs of the same kind, run under the same mode.
-        self.kind = (x.dtype, x.device, x.shape[-1], torch.is_inference_mode_enabled())
-
-
-class RowBatcher:
-    """Concurrent calls of a row-wise function, made from threads, run as one call.
-
-    The threads of a process serving many sessions (its clients, one per user) then share
-    one matrix product instead of one each, as the servers batch their steps. A caller
-    that finds no call running leads: it runs the calls queued meanwhile, its own among
-    them. When the last run had company, it first takes in the burst of calls arriving
-    (until none came for ``gap`` seconds, ``max_wait`` at most), as the sessions of one
-    server batch get their replies together. A thread alone runs exactly its own call,
-    and waits for no one (but for ``gap`` once, right after it had company).
-
-    Parameters
-    ----------
-    fn
-        The function: each row of its output (all dimensions but the last) depends only
-        on the same row of its input.
-    max_wait, gap
-        Bounds of the wait for company, in seconds.
-    """
-
-    def __init__(self, fn, max_wait: float = 0.004, gap: float = 0.001):
-        self.fn, self.max_wait, self.gap = fn, max_wait, gap
-        self.calls = self.runs = 0  # calls served, and runs of ``fn`` that served them
-        lock = threading.Lock()
-        self._done = threading.Condition(lock)  # callers wait for their call, or to lead
-        self._arrival = threading.Condition(lock)  # a leader waiting for company hears arrivals
-        self._queued: list[_Call] = []
-        self._running = False
-        self._last = 1  # calls taken by the last run
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled():  # a result that autograd records is computed alone
-            return self.fn(x)
-        call = _Call(x)
-        with self._done:
-            self._queued.append(call)
-            self._arrival.notify()
-            while not call.done:
-                if self._running:
-                    self._done.wait()
-                else:
-                    self._lead()
-        if call.error is not None:
-            raise call.error
-        return call.result
-
-    def _lead(self) -> None:
-        """Run the queued calls (the lock is held, and released while they run)."""
-        self._running = True
-        try:
-            if self._last > 1:
-                deadline = time.monotonic() + self.max_wait
-                while (left := deadline - time.monotonic()) > 0 and self._arrival.wait(min(left, self.gap)):
-                    pass
-            batch, self._queued = self._queued, []
-            self._last = len(batch)
-            self._done.release()
-            try:
-                self._run(batch)
-            except BaseException as e:  # an interrupt: no caller of the batch may wait forever
-                for other in batch:
-                    if not other.done:
-                        other.error, other.done = e, True
-            finally:
-                self._done.acquire()
-        finally:
-            self._running = False
-            self._done.notify_all()
-
-    def _run(self, batch: list[_Call]) -> None:
-        kinds: dict[tuple, list[_Call]] = {}
-        for call in batch:
-            kinds.setdefault(call.kind, []).append(call)
-        for kind, calls in kinds.items():
-            with torch.inference_mode(kind[-1]), torch.no_grad():
-                if len(calls) > 1:
-                    try:
-                        rows = [call.x.reshape(-1, call.x.shape[-1]) for call in calls]
-                        outs = self.fn(torch.cat(rows)).split([len(r) for r in rows])
-                    except Exception:  # someone's input is bad: each alone, so that the others get theirs
-                        pass
-                    else:
-                        for call, out in zip(calls, outs):
-                            call.result = out.reshape(*call.x.shape[:-1], out.shape[-1])
-                        self.runs += 1
-                for call in calls:
-                    if call.result is None:
-                        try:
-                            call.result = self.fn(call.x)
-                        except Exception as e:
-                            call.error = e
-                        self.runs += 1
-                    call.done = True
-            self.calls += len(calls)
 
 
 class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
@@ -369,51 +265,74 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
         if session is None:
             if inputs is None:
                 raise ValueError("generate() needs inputs, or a session to continue")
-            config = self.generation_config
-            max_new = kwargs.get("max_new_tokens", config.max_new_tokens)
-            max_length = inputs.shape[1] + max_new if max_new is not None else kwargs.get("max_length",
-                                                                                        config.max_length)
-            rows = inputs.shape[0] * max(kwargs.get("num_beams", config.num_beams) or 1,
-                                         kwargs.get("num_return_sequences", config.num_return_sequences) or 1)
-            with self.inference_session(max_length=max_length, batch_size=rows) as session:
+            with self._session_for(inputs, kwargs) as session:
                 return self.generate(inputs, *args, session=session, **kwargs)
-
-        previous = session.output_ids
-        if previous is not None:
-            if session.position < session.hf_position:  # rewound: keep the tokens it kept
-                previous = previous[:, : session.position]
-            inputs = previous if inputs is None else torch.cat([previous, inputs.to(previous.device)], 1)
-        if inputs is None:
-            raise ValueError("generate(None, session=...) needs a session that has generated before")
-        n_previous = 0 if previous is None else previous.shape[1]
+        record = _GENERATED.setdefault(session, _Generated())
+        inputs, n_previous = record.inputs(session, inputs)
         if session.position >= inputs.shape[1]:
             session.position = inputs.shape[1] - 1  # the last token must run again for its logits
-        attention_mask = kwargs.pop("attention_mask", None)
-        if attention_mask is None:
-            # Explicit, so that transformers forwards only the tokens the session does not hold.
-            attention_mask = torch.ones_like(inputs)
-        elif attention_mask.shape[1] < inputs.shape[1]:
-            ones = torch.ones(inputs.shape[0], inputs.shape[1] - attention_mask.shape[1], dtype=attention_mask.dtype)
-            attention_mask = torch.cat([ones, attention_mask], 1)
-        kwargs.setdefault("pad_token_id", self.generation_config.pad_token_id
-                          if self.generation_config.pad_token_id is not None else self.generation_config.eos_token_id)
-
+        attention_mask = _full_mask(kwargs.pop("attention_mask", None), inputs)
+        config = self.generation_config
+        kwargs.setdefault("pad_token_id", config.pad_token_id if config.pad_token_id is not None
+                          else config.eos_token_id)
         cache = SwarmSessionCache(session)
         try:
             result = super().generate(inputs, *args, attention_mask=attention_mask, past_key_values=cache, **kwargs)
         except BaseException:
             # Positions computed by the failed call hold tokens it never returned.
-            session.position = min(session.position, session.hf_position)
+            session.position = min(session.position, record.position)
             raise
         sequences = result if isinstance(result, torch.Tensor) else result.sequences
-        session.output_ids, session.hf_position = sequences, session.position
+        record.ids, record.position = sequences, session.position
         if cache.hypo_ids is not None or sequences.shape[0] != session.rows:
             # Beam search: the cache rows are beams, not the returned sequences; the next
             # call starts over from the tokens (correct, if slower).
-            session.position = session.hf_position = 0
+            session.position = record.position = 0
         new = sequences[:, n_previous:]
         if isinstance(result, torch.Tensor):
             return new
         result.sequences = new
         return result
 
+    def _session_for(self, inputs: torch.Tensor, kwargs: dict) -> InferenceSession:
+        """A session sized for one ``generate()`` call (its tokens, beams and returned sequences)."""
+        config = self.generation_config
+        max_new = kwargs.get("max_new_tokens", config.max_new_tokens)
+        max_length = inputs.shape[1] + max_new if max_new is not None else kwargs.get("max_length",
+                                                                                    config.max_length)
+        rows = inputs.shape[0] * max(kwargs.get("num_beams", config.num_beams) or 1,
+                                     kwargs.get("num_return_sequences", config.num_return_sequences) or 1)
+        return self.inference_session(max_length=max_length, batch_size=rows)
+
+
+@dataclass
+class _Generated:
+    """What ``generate()`` produced in a session: its tokens, and the session's position after them."""
+
+    ids: torch.Tensor | None = None
+    position: int = 0
+
+    def inputs(self, session: InferenceSession, new: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+        """The tokens a call runs on (the earlier calls' as kept by a rewind, then ``new``) and how many are old."""
+        previous = self.ids
+        if previous is not None and session.position < self.position:  # rewound: keep the tokens it kept
+            previous = previous[:, : session.position]
+        if previous is None:
+            if new is None:
+                raise ValueError("generate(None, session=...) needs a session that has generated before")
+            return new, 0
+        return (previous if new is None else torch.cat([previous, new.to(previous.device)], 1)), previous.shape[1]
+
+
+# The bridge's own record of each session it generated in (the session knows nothing of it).
+_GENERATED: "weakref.WeakKeyDictionary[InferenceSession, _Generated]" = weakref.WeakKeyDictionary()
+
+
+def _full_mask(attention_mask: torch.Tensor | None, inputs: torch.Tensor) -> torch.Tensor:
+    """An explicit mask over all the tokens, so that transformers forwards only those the session lacks."""
+    if attention_mask is None:
+        return torch.ones_like(inputs)
+    if attention_mask.shape[1] < inputs.shape[1]:
+        ones = torch.ones(inputs.shape[0], inputs.shape[1] - attention_mask.shape[1], dtype=attention_mask.dtype)
+        return torch.cat([ones, attention_mask], 1)
+    return attention_mask

@@ -7,7 +7,7 @@ import threading
 
 import torch
 
-from continuous.remote.protocol import AllocationError
+from continuous.remote.wire.protocol import AllocationError
 
 logger = logging.getLogger(__name__)
 

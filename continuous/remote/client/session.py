@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import torch
 from hivemind.proto import runtime_pb2
 
-from continuous.remote.protocol import (
+from continuous.remote.wire.protocol import (
     INFERENCE_HANDLER, MAX_CONTROL_BYTES, BadRequestError, MaxLengthError, RemoteError, ServerFaultError,
     SessionTimeoutError, raise_for_error, read_message, write_message,
 )
-from continuous.remote.routing import Hop, SwarmClient, loop_alive, run
+from continuous.remote.client.routing import Hop, SwarmClient, loop_alive, run
 
 logger = logging.getLogger(__name__)
 
@@ -251,9 +251,6 @@ class InferenceSession:
         self._positions: torch.Tensor | None = None  # [rows, position] RoPE positions of the history
         self._mask: torch.Tensor | None = None  # [rows, position] bool, if a mask was ever given
         self._closed = False
-        # Tokens of past generate() calls, and the position after the last one (hf.py).
-        self.output_ids: torch.Tensor | None = None
-        self.hf_position = 0
 
     # -- public -------------------------------------------------------------------------
 
@@ -315,6 +312,20 @@ class InferenceSession:
         RemoteError
             The swarm could not run the step after ``max_retries`` failovers.
         """
+        start, hypo_ids = self._check_step(hidden_states, hypo_ids, start_position)
+        rows, n = hidden_states.shape[:2]
+        new_positions = (torch.arange(start, start + n).expand(rows, n) if position_ids is None
+                         else torch.as_tensor(position_ids, dtype=torch.int64).cpu())
+        if new_positions.shape != (rows, n):
+            raise BadRequestError(f"position_ids must be [{rows}, {n}], got {list(new_positions.shape)}")
+        positions, mask = self._history(start, rows, n, hypo_ids, new_positions, attention_mask)
+        args = (start, hypo_ids, mask, None if position_ids is None else new_positions)
+        x = self._run(hidden_states.detach().cpu(), args)
+        self._positions, self._mask, self._rows, self._position = positions, mask, rows, start + n
+        return x.to(device=hidden_states.device, dtype=hidden_states.dtype)
+
+    def _check_step(self, hidden_states: torch.Tensor, hypo_ids, start_position) -> tuple[int, torch.Tensor | None]:
+        """Refuse, before any compute, a step that does not fit the session; its start and row selection."""
         if self._closed:
             raise RuntimeError("the inference session is closed")
         start = self._position if start_position is None else int(start_position)
@@ -333,21 +344,20 @@ class InferenceSession:
             raise BadRequestError(f"a step has 1 to {self.batch_size} rows (batch_size) and at least one token, "
                                   f"got {list(hidden_states.shape)}")
         if start == 0:
-            hypo_ids = None  # nothing cached to select from
+            return start, None  # nothing cached to select from
         if hypo_ids is not None:
             hypo_ids = torch.as_tensor(hypo_ids, dtype=torch.int64).cpu()
             if hypo_ids.shape != (rows,) or hypo_ids.min() < 0 or hypo_ids.max() >= self._rows:
                 raise BadRequestError(f"hypo_ids must be [{rows}] indices in [0, {self._rows})")
-        elif start > 0 and rows != self._rows:
+        elif rows != self._rows:
             raise BadRequestError(f"the step has {rows} rows but the session {self._rows}: pass hypo_ids")
+        return start, hypo_ids
 
+    def _history(self, start: int, rows: int, n: int, hypo_ids, new_positions, attention_mask):
+        """The positions and mask of the session's history after the step (rows selected)."""
         def keep(t: torch.Tensor) -> torch.Tensor:  # the history a step keeps, rows selected
             return t[:, :start] if hypo_ids is None else t[hypo_ids, :start]
 
-        new_positions = (torch.arange(start, start + n).expand(rows, n) if position_ids is None
-                         else torch.as_tensor(position_ids, dtype=torch.int64).cpu())
-        if new_positions.shape != (rows, n):
-            raise BadRequestError(f"position_ids must be [{rows}, {n}], got {list(new_positions.shape)}")
         positions = new_positions if start == 0 else torch.cat([keep(self._positions), new_positions], 1)
         if attention_mask is not None:
             mask = torch.as_tensor(attention_mask).cpu().bool()
@@ -357,11 +367,13 @@ class InferenceSession:
             mask = torch.cat([keep(self._mask), torch.ones(rows, n, dtype=torch.bool)], 1)
         else:
             mask = None
+        return positions, mask
 
-        x = hidden_states.detach().cpu()
+    def _run(self, x: torch.Tensor, args: tuple) -> torch.Tensor:
+        """Run the step's inputs through every span, failing over where a server fails; commit it."""
+        start, hypo_ids = args[0], args[1]
         if not self._spans:
             self._spans = [_Span(0, self.swarm.num_blocks)]
-        args = (start, hypo_ids, mask, None if position_ids is None else new_positions)
         # Usually every span has a live server in sync: the whole chain then runs in one call
         # of the event loop, each reply sent on to the next span from there rather than from
         # this thread, which under load may wait for a core between two spans.
@@ -376,9 +388,7 @@ class InferenceSession:
         for span, span_inputs in zip(self._spans, inputs):
             span.commit(start, hypo_ids, span_inputs, self.max_length)
             span.synced = True
-        x = inputs[-1]
-        self._positions, self._mask, self._rows, self._position = positions, mask, rows, start + n
-        return x.to(device=hidden_states.device, dtype=hidden_states.dtype)
+        return inputs[-1]
 
     def fork(self) -> "InferenceSession":
         """A new, independent session with the same history (position, rows, caches).
@@ -398,7 +408,6 @@ class InferenceSession:
             span.room = None
         fork._position, fork._rows, fork._positions, fork._mask = (self._position, self._rows, self._positions,
                                                                    self._mask)
-        fork.output_ids, fork.hf_position = self.output_ids, self.hf_position
         return fork
 
     def close(self) -> None:

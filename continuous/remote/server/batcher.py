@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from continuous.remote.backend import Blocks, Step
+from continuous.remote.server.blocks import Blocks, Step
 
 logger = logging.getLogger(__name__)
 

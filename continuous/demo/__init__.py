@@ -1,0 +1,1 @@
+"""The demo (``python -m continuous.demo``) and the local swarm it starts (:mod:`.swarm`)."""

@@ -1,0 +1,1 @@
+"""What both sides of the swarm share: the message format and errors, and checkpoint loading."""
