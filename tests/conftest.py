@@ -1,8 +1,8 @@
 import pytest
 import torch
+from support.models import build_llama, build_tokenizer
 
 from continuous import models
-from support.models import build_llama, build_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -10,9 +10,11 @@ shorter than the contexts, so they matter.
 
 import pytest
 import torch
+from support.models import ARCHITECTURES, build_arch, real_tokenizer
 
 from continuous import continuous, generate, models
-from support.models import ARCHITECTURES, build_arch, real_tokenizer
+
+pytestmark = pytest.mark.slow  # make test-fast leaves it out
 
 PROMPT = "Le café coûte 3 € — très cher! Naïve façade, 東京 and emoji 🙂 in a longer sentence here."
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # make test-fast leaves it out
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 KEYS = {
@@ -106,7 +108,7 @@ def test_gpu_benchmark_runs_on_the_cpu():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["bench"] == "gpu" and result["device"] == "cpu"
     assert set(result["decode_ms"]) == {"continuous", "continuous_compiled", "hf_dynamic", "hf_static", "floor"}
-    assert result["decode_ms"]["hf_static"] is None  # HF's static cache compiles for CUDA only
+    assert all(v > 0 for k, v in result["decode_ms"].items() if k != "hf_static")  # HF's static cache needs CUDA
     assert set(result["multiturn_s"]) == {"continuous", "continuous_compiled", "ideal", "outlines"}
     assert set(result["constraint_ms"]) == {"free", "json", "json_ff", "free_compiled", "json_compiled", "json_ff_compiled"}
     assert result["long"]["tokens"] >= 500 and set(result["long"]["seconds"]) == {"continuous", "hf"}

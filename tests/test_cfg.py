@@ -5,9 +5,11 @@ import random
 import re
 
 import pytest
+from test_engines import (
+    arithmetic as expression,  # the recursive-descent twin of its ARITH grammar
+)
 
 from continuous import continuous, generate, samplers
-from test_engines import arithmetic as expression  # the recursive-descent twin of its ARITH grammar
 
 ARITHMETIC = r"""
 start: expr ";"
@@ -120,7 +122,8 @@ def test_a_regex_ending_in_a_lone_backslash_is_refused(model):
 
 
 def _model(tok):
-    from continuous import models
     from support.models import build_llama
+
+    from continuous import models
 
     return models.transformers(build_llama(tok, "tiny", vocab_size=len(tok)), tok)

@@ -3,9 +3,9 @@
 import warnings
 
 import pytest
+from support.models import build_arch
 
 from continuous import chat, continuous, generate, models, samplers
-from support.models import build_arch
 
 # Rewrites the first turn: the system line counts the messages, so every new message
 # changes text rendered before it.

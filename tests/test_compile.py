@@ -7,9 +7,11 @@ buffer capacity, so it also checks that unused slots can never leak into attenti
 
 import pytest
 import torch
+from support.models import build_arch
 
 from continuous import continuous, generate, models
-from support.models import build_arch
+
+pytestmark = pytest.mark.slow  # make test-fast leaves it out
 
 PROMPTS = ["User: Tell me about Omar and his twelve cats, one by one.\nAssistant:", "Hi"]
 

@@ -4,11 +4,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.models import build_llama, real_tokenizer
 
 from continuous import continuous, generate, models
 from continuous.detok import Detokenizer, dangling
 from continuous.samplers import Sampler
-from support.models import build_llama, real_tokenizer
 
 WORDS = ["東京", "🙂", "wörld", " 你好", "€", " café", "😀👍", "a", " the"]
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.models import build_tokenizer, real_tokenizer
 
 from continuous.engines import ENGINES
 from continuous.engines import llguidance as llg
 from continuous.engines import outlines_core as occ
-from support.models import build_tokenizer, real_tokenizer
 
 MODULES = {"llguidance": llg, "outlines_core": occ}
 SLOW = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -4,10 +4,10 @@ import re
 
 import pytest
 import torch
+from support.models import build_arch
 
 from continuous import continuous, generate, models
 from continuous.heal import HealMatcher, heal_length, token_strings
-from support.models import build_arch
 
 PROMPTS = ["Visit https://www.exa", "The quick bro", "Il était une foi", "Le café est cha"]
 

@@ -1,7 +1,10 @@
 """The local KV cache is a value: crop and select never change another view; the tip appends in place."""
 
+import threading
+
 import torch
 
+from continuous import continuous, generate
 from continuous.kv import ForwardCache
 
 
@@ -78,3 +81,39 @@ def test_two_writers_of_one_tip_never_share_slots():
     assert first._buffer is a._buffer  # the tip was claimed: appends in place
     assert second._buffer is not a._buffer  # too late: copies its prefix
     assert torch.all(second._buffer.keys[0][:, :, :3] == 1)
+
+
+def test_threads_continuing_states_that_share_a_tip_write_their_own_slots(model):
+    gen = continuous(generate.text(model))
+    base = gen("User: Tell me about Omar.\nAssistant:", max_tokens=4)
+    suffixes = [f" and then {w}" for w in ("Lima", "Oslo", "Kyoto", "Perth", "Cairo", "Quito")]
+    start = model.stats.snapshot()
+    alone = {s: gen(base + s, max_tokens=12) for s in suffixes}
+    before = model.stats.snapshot()
+    sequential = {k: before[k] - start[k] for k in before}
+    results, errors = {}, []
+
+    def run(s):
+        try:
+            results[s] = gen(base + s, max_tokens=12)
+        except Exception as exc:  # surfaced below: a thread's exception would be lost
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in suffixes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    after = model.stats.snapshot()
+    # The counters lost no update: the same work as the sequential runs.
+    assert {k: after[k] - before[k] for k in after} == sequential
+    for s in suffixes:
+        assert str(results[s]) == str(alone[s])
+        assert _real_ids(results[s]) == _real_ids(alone[s])
+        # Each result's cache holds its own tokens: continuing it equals recomputing it.
+        assert _real_ids(gen(results[s], max_tokens=3)) == _real_ids(gen(results[s].drop_cache(), max_tokens=3))
+
+
+def _real_ids(state, row=0):
+    return state.token_ids[row][state.attention_mask[row].bool()].tolist()

@@ -1,11 +1,13 @@
-"""Token boundaries and incremental text of rows."""
+"""Rows: token boundaries, holes and their compaction."""
 
 import pytest
+import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-
-from continuous.layout import Rows, encode, retokenize
 from support.models import real_tokenizer
+
+from continuous import continuous, generate
+from continuous.layout import Rows, encode, interior_holes, retokenize
 
 TEXT = st.text(alphabet=st.sampled_from(list("ab lo {}\":,0123é€🙂\n")), max_size=30)
 
@@ -59,3 +61,42 @@ def test_tokens_the_tokenizer_would_split_otherwise_are_kept(tokenizer):
     keep, new_ids, _ = retokenize(tokenizer, ids, ends, text, len(text), "s and")
     assert len(ids) - keep <= 6
     assert tokenizer.decode(ids[1:keep] + new_ids) == text + "s and"
+
+
+def test_alternating_long_and_short_turns_keep_slots_near_tokens(model):
+    gen = continuous(generate.text(model))
+    state = gen(["User: Hi\nAssistant:", "User: Hello there\nAssistant:"], max_tokens=2)
+    long_text = " ".join(["word"] * 12)
+    new = len(model.tokenizer(long_text + "\nAssistant:", add_special_tokens=False).input_ids)
+    for turn in range(8):
+        texts = [long_text, " ok"] if turn % 2 == 0 else [" ok", long_text]
+        before = state.attention_mask.sum(1).max().item()
+        state = gen(state + [t + "\nAssistant:" for t in texts], max_tokens=3)
+        # Holes of the cached part are squeezed out at each call: the grid is the longest
+        # row's tokens plus this call's new ones, not the history of both rows.
+        assert state.token_ids.shape[1] <= before + 1.125 * new + 3 + 2
+    assert real_ids(gen(state, max_tokens=4), 1) == real_ids(gen(state.drop_cache(), max_tokens=4), 1)
+
+
+def test_compaction_keeps_every_row_and_its_cache(model):
+    gen = continuous(generate.text(model))
+    state = gen(["a b c d e f g h i j k l m n o p", "x"], max_tokens=2)
+    state = state + ["", " " + "y " * 40]
+    state = gen(state, max_tokens=2)
+    state = state + [" " + "z " * 40, ""]
+    assert interior_holes(state.attention_mask)
+    out = gen(state, max_tokens=5)
+    ref = gen(state.drop_cache(), max_tokens=5)
+    assert list(out) == list(ref)
+    for r in range(2):
+        assert real_ids(out, r) == real_ids(ref, r)
+
+
+def test_interior_holes():
+    assert not interior_holes(torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]]))
+    assert interior_holes(torch.tensor([[0, 1, 0, 1], [1, 1, 1, 1]]))
+    assert not interior_holes(torch.tensor([[1, 1, 0, 0]]))  # trailing holes: nothing after them
+
+
+def real_ids(state, row=0):
+    return state.token_ids[row][state.attention_mask[row].bool()].tolist()

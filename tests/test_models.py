@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from support.models import build_model_dir
 
 from continuous import continuous, generate, models
 from continuous.models.base import Stats
-from support.models import build_model_dir
 
 
 def test_loads_from_a_path_and_counts_its_work(tmp_path_factory):

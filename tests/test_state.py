@@ -6,11 +6,18 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-
-from continuous import (BatchMismatch, CacheResetWarning, SampleMismatch, continuous, generate, models,
-                        samplers)
-from support.models import build_llama
 from invariants import assert_equivalent
+from support.models import build_llama
+
+from continuous import (
+    BatchMismatch,
+    CacheResetWarning,
+    SampleMismatch,
+    continuous,
+    generate,
+    models,
+    samplers,
+)
 
 PROMPTS = ["Alice is 30 years old", "Bob", "Order #1042: 3 x lamp shipped to Oslo"]
 

@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from continuous import SampleMismatch, SampleMismatchError, continuous, generate, samplers
+from continuous import (
+    SampleMismatch,
+    SampleMismatchError,
+    continuous,
+    generate,
+    samplers,
+)
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +169,9 @@ def test_too_long_prompt_fails_before_any_compute(model, gen):
 
 
 def test_wrong_model_state(model, tokenizer):
-    from continuous import models
     from support.models import build_llama
+
+    from continuous import models
 
     other = continuous(generate.text(models.transformers(build_llama(tokenizer, seed=2), tokenizer)))
     state = continuous(generate.text(model))("x", max_tokens=1)

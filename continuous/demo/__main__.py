@@ -1,6 +1,7 @@
-"""``make demo``: the whole idea, on the small model that ships with the package.
+"""``make demo``: the whole idea, on a trained instruct model or the small model that ships with the package.
 
-Run it with ``python -m continuous.demo``. Every claim in the transcript comes with the
+Run it with ``python -m continuous.demo`` (the shipped toy) or ``--model PATH`` (a trained
+instruct model with a chat template: ``make demo`` fetches SmolLM2-135M-Instruct once). Every claim in the transcript comes with the
 figure that proves it, read from ``model.stats`` (the tokens sent through the model);
 where it helps, the same step is run again without the cache to show that the output
 is the same and what recomputing would have cost. The model is a 3.5M-parameter toy
@@ -235,12 +236,70 @@ def swarm(args) -> int:
     return 0 if all(r[2] for r in rows) else 1
 
 
+class Order(BaseModel):
+    customer: str
+    item: str
+    quantity: int
+
+
+def real_model(path: str) -> int:
+    """The same ideas on a trained instruct model with its chat template (``--model PATH``)."""
+    import torch
+
+    from continuous import chat, continuous, generate, models, samplers
+
+    start = time.perf_counter()
+    print(f"continuous demo on {path}: a trained instruct model, its own chat template\n")
+    with progress("Loading the model"):
+        torch.set_num_threads(min(2, torch.get_num_threads()))
+        model = models.transformers(path)
+    section("1. Extract an order from a customer's message, as a pydantic object")
+    message = "Hello, Aiko Tanaka here. Could you send me 2 cameras please?"
+    prompt = chat.prompt(model, [{"role": "user", "content": f"Extract the order as JSON with fields customer, "
+                                                             f"item, quantity. Message: '{message}'"}])
+    state, spent = _forwarded(model, lambda: continuous(generate.json(model, Order))(prompt, max_tokens=80))
+    print(f"message: {message!r}\noutput : {str(state)[len(prompt):]}\nvalue  : {state.value!r}")
+    print(f"forwarded {spent} tokens; the layout is the model's own, the fields the schema's")
+    section("2. A conversation in the chat template: each turn forwards only its new tokens")
+    conv, gen, rows = chat.Conversation(model), continuous(generate.text(model)), []
+    for question in ["What is the capital of France?", "And of Italy?", "Which of the two is larger?"]:
+        conv.add("user", question)
+        answer, spent = _forwarded(model, lambda: conv.reply(gen, max_tokens=48))
+        history = len(model.tokenizer(str(conv.state), add_special_tokens=False).input_ids)
+        print(f"user: {question}\nassistant: {answer}")
+        rows.append((spent, history))
+    for i, (spent, history) in enumerate(rows, 1):
+        print(f"turn {i}: forwarded {spent} tokens of a {history}-token conversation")
+    section("3. Token healing: a prompt cut in the middle of a word")
+    cut = "The capital of France is Pa"
+    for heal in (False, True):
+        print(f"heal={heal!s:5}: {str(gen(cut, max_tokens=6, heal=heal))!r}")
+    section("4. A banned word: the row rewinds and takes another way")
+    question = chat.prompt(model, [{"role": "user", "content": "What is the capital of France? One sentence."}])
+    print(f"free       : {gen(question, max_tokens=24).value!r}")
+    banned, spent = _forwarded(model, lambda: continuous(generate.text(model, ban=["Paris"]))(question,
+                                                                                              max_tokens=24))
+    print(f"ban Paris  : {banned.value!r} ({model.stats.tokens_rewound} tokens rewound so far)")
+    section("5. Three samples of one answer: the conversation is forwarded once")
+    forks, spent = _forwarded(model, lambda: continuous(generate.text(model, samplers.multinomial(3)))(
+        conv.state + chat.turn(model, "user", "Name a dish from there."), max_tokens=24, seed=0))
+    for text in forks.value:
+        print(f"  {text!r}")
+    print(f"forwarded {spent} tokens for the three")
+    print(f"\nDone in {time.perf_counter() - start:.1f}s.")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m continuous.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--swarm", action="store_true", help="run the conversation on a two-server swarm")
+    parser.add_argument("--model", help="a trained instruct model's folder (its chat template is used) instead "
+                                        "of the shipped toy")
     args = parser.parse_args(argv)
     if args.swarm:
         return swarm(args)
+    if args.model:
+        return real_model(args.model)
 
     start = time.perf_counter()
     print("continuous demo, on the toy model shipped in continuous/assets (3.5M parameters,\n"

@@ -5,7 +5,14 @@ import math
 import torch
 
 from continuous.decode.constraints import RowConstraints
-from continuous.decode.processors import Banned, Constrained, Finished, ForkRanking, Scores, run
+from continuous.decode.processors import (
+    Banned,
+    Constrained,
+    Finished,
+    ForkRanking,
+    Scores,
+    run,
+)
 from continuous.decode.rows import RowState
 from continuous.engines import regex
 

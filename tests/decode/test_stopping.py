@@ -6,9 +6,9 @@ import warnings
 import pytest
 import regex
 import torch
+from support.models import build_llama
 
 from continuous import BanExhausted, ContextWarning, continuous, generate, models
-from support.models import build_llama
 
 
 def _new_ids(state, prompt_ids):

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from swarm_helpers import Swarm
-
 from support.models import build_model_dir
+from swarm_helpers import Swarm
 
 
 @pytest.fixture(scope="session")

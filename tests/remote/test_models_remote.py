@@ -4,6 +4,8 @@ import pytest
 
 from continuous import continuous, generate, models, samplers
 
+pytestmark = pytest.mark.slow  # make test-fast leaves it out
+
 
 @pytest.fixture(scope="module")
 def pair(swarm, swarm_model_dir):

@@ -3,13 +3,13 @@ local parts together give the logits of the transformers model; others are refus
 
 import pytest
 import torch
-
-from continuous.remote.server.blocks import Blocks
-from continuous.remote.client.bridge import DistributedModelForCausalLM
-from continuous.remote.server.memory import MemoryBudget
 from support.models import build_arch
 
-pytestmark = pytest.mark.timeout(120)
+from continuous.remote.client.bridge import DistributedModelForCausalLM
+from continuous.remote.server.blocks import Blocks
+from continuous.remote.server.memory import MemoryBudget
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 SUPPORTED = ["llama", "qwen2", "mistral", "gemma2"]
 TEXT = ("The quick brown fox jumps over the lazy dog, then runs far away into the green hills at dawn, "

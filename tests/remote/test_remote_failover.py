@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import StoppingCriteria
 
-pytestmark = pytest.mark.timeout(240)  # the first test also starts the swarm
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # the first test also starts the swarm
 
 logger = logging.getLogger(__name__)
 

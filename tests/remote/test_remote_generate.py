@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-pytestmark = pytest.mark.timeout(240)  # the first test also starts the swarm
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # the first test also starts the swarm
 
 
 def test_greedy(remote_model, local_model, prompt):

@@ -7,12 +7,19 @@ import torch
 from hivemind.p2p import PeerID
 from hivemind.proto import runtime_pb2
 
+from continuous.remote.client.routing import ServerInfo, best_chain
 from continuous.remote.server.blocks import Blocks
 from continuous.remote.wire.checkpoint import read_weights
 from continuous.remote.wire.protocol import (
-    MAX_FRAME_BYTES, BadRequestError, ProtocolError, deserialize, pack, read_message, serialize, write_message,
+    MAX_FRAME_BYTES,
+    BadRequestError,
+    ProtocolError,
+    deserialize,
+    pack,
+    read_message,
+    serialize,
+    write_message,
 )
-from continuous.remote.client.routing import ServerInfo, best_chain
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,15 +12,21 @@ import pytest
 import torch
 from hivemind.p2p import PeerID
 
-from continuous.remote.server.blocks import Blocks
-from continuous.remote.client.session import InferenceSession, ServerSession, _Span
-from continuous.remote.server.handler import InferenceHandler
 from continuous.remote.client.bridge import SwarmSessionCache
+from continuous.remote.client.routing import Hop, ServerInfo
+from continuous.remote.client.session import InferenceSession, ServerSession, _Span
+from continuous.remote.server.blocks import Blocks
+from continuous.remote.server.handler import InferenceHandler
 from continuous.remote.server.memory import MemoryBudget, SessionCache
 from continuous.remote.wire.protocol import (
-    MAX_FRAME_BYTES, BadRequestError, RemoteError, ServerFaultError, pack, read_message, write_message,
+    MAX_FRAME_BYTES,
+    BadRequestError,
+    RemoteError,
+    ServerFaultError,
+    pack,
+    read_message,
+    write_message,
 )
-from continuous.remote.client.routing import Hop, ServerInfo
 
 pytestmark = pytest.mark.timeout(120)
 

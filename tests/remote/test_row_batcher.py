@@ -11,7 +11,7 @@ import torch
 from continuous.remote.client.bridge import DistributedModelForCausalLM
 from continuous.remote.client.head import RowBatcher
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 
 def _gated(fn, batcher_of, n):

@@ -6,14 +6,13 @@ import threading
 import pytest
 import torch
 from hivemind.p2p import PeerID
-
-from continuous.remote.wire.protocol import default_dht_prefix
-from continuous.remote.client.routing import SwarmClient
 from support.stress import FUZZ_KINDS, Chaos, budget_in_use, fuzz, greedy_clients
-
 from swarm_helpers import CACHE_BYTES
 
-pytestmark = pytest.mark.timeout(300)
+from continuous.remote.client.routing import SwarmClient
+from continuous.remote.wire.protocol import default_dht_prefix
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def _prompts(k):

@@ -81,7 +81,14 @@ def build_tokenizer(vocab_size: int = 1000, seed: int = 0):
         With ``<s>`` as BOS (added to every encoding), ``</s>`` as EOS and no pad token,
         like most causal LMs.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())

@@ -47,7 +47,12 @@ def smollm2(cache: Path | None = None) -> Path:
 def _convert(gguf: Path, out: Path) -> None:
     """De-quantize a GGUF Llama into a plain fp32 ``LlamaForCausalLM`` folder (written whole, then renamed)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)

@@ -21,8 +21,14 @@ import torch
 from hivemind.p2p import PeerID
 from hivemind.proto import runtime_pb2
 
-from continuous.remote.wire.protocol import INFERENCE_HANDLER, MAX_FRAME_BYTES, pack, read_message, write_message
 from continuous.remote.client.routing import run
+from continuous.remote.wire.protocol import (
+    INFERENCE_HANDLER,
+    MAX_FRAME_BYTES,
+    pack,
+    read_message,
+    write_message,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -4,10 +4,10 @@ import gc
 import weakref
 
 import pytest
+from support.models import build_tokenizer
 
 from continuous.engines import caches, llguidance, outlines_core
 from continuous.heal import token_strings
-from support.models import build_tokenizer
 
 
 def live(kind):

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from support.models import build_llama, real_tokenizer
 
 from continuous import continuous, generate, models, samplers
 from continuous.models.transformers import Transformers
-from support.models import build_llama, real_tokenizer
 
 
 def test_a_beam_left_without_allowed_tokens_has_no_value_and_can_be_continued(model):
