@@ -46,7 +46,7 @@ def setup(description: str):
 
 
 def reference_model(size: str):
-    """The BENCHMARKS.md reference model of this size, built once then loaded from disk.
+    """The reference model of this size ("small" or "mid"), built once then loaded from disk.
 
     Returns (HF model, tokenizer, path).
     """

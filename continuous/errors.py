@@ -1,4 +1,4 @@
-"""Exceptions and warnings of the library (SPEC section 2)."""
+"""Exceptions and warnings of the library."""
 
 __all__ = [
     "SampleMismatch", "BatchMismatch", "SlicingError", "CacheResetWarning",

@@ -1,4 +1,4 @@
-"""Checks of SPEC section 4 shared by the test modules."""
+"""Invariant checks shared by the test modules: continuing a state equals recomputing it."""
 
 import torch
 

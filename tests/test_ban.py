@@ -1,4 +1,4 @@
-"""ban=: detection against brute force, rewinds, and the loop's guarantees (SPEC section 6)."""
+"""ban=: detection against brute force, rewinds, and the loop's guarantees."""
 
 import warnings
 

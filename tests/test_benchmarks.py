@@ -35,7 +35,7 @@ def run(name):
     assert result["bench"] == name
     for key, keys in KEYS[name].items():
         assert key in result
-        if keys and name == "swarm":  # the swarm benchmark is growing figures (issue 9, item 9)
+        if keys and name == "swarm":  # the swarm benchmark reports more figures than these
             assert keys <= set(result[key])
         elif keys:
             assert set(result[key]) == keys, (key, sorted(result[key]))
@@ -62,7 +62,7 @@ def test_stateops_forward_exactly_what_the_operations_leave_uncached():
         # ``expected`` comes from the token ids alone, not from the library's accounting.
         assert op["tokens_forwarded"] == op["expected"], op
         assert op["same_every_rep"], op
-        assert op["expected"] <= op["bound"], op  # SPEC 4.2's bound on re-tokenization
+        assert op["expected"] <= op["bound"], op  # the bound on re-tokenization at a cut
 
 
 def test_fork_forwards_the_prompt_once():
@@ -78,7 +78,7 @@ def test_swarm_decodes_and_fails_over_identically():
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_floor_counts_the_weights_a_step_reads(tied):
-    # Issue 9, item 8: a step reads one row of the input embedding, not the table,
+    # A step reads one row of the input embedding, not the table,
     # unless the table is the LM head too.
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -139,7 +139,7 @@ def test_pieces_concatenate_to_the_decode(tok, data):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_one_token_per_call_never_repeats_the_context(tok, data):
-    # The failure of issue 9: a call ends inside a character and the next one completes
+    # A call ends inside a character and the next one completes
     # it; the old detokenizer then gave out the whole context again.
     context = tok.encode("User: Hi\nAssistant:", add_special_tokens=False)
     ids = _byte_heavy_ids(tok, data)
@@ -175,7 +175,7 @@ def test_copy_is_independent():
 
 
 def test_a_character_completed_by_the_next_call_replaces_its_placeholder():
-    # Issue 9's example: a call ends inside a character (flushed as U+FFFD), and the
+    # A call ends inside a character (flushed as U+FFFD), and the
     # next call completes it; the text must become the decode, the context not repeated.
     tok = real_tokenizer("qwen2")
     context = tok.encode("User: Hi\nAssistant:", add_special_tokens=False)

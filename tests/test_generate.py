@@ -174,7 +174,7 @@ def test_beam_search_under_a_constraint_with_few_allowed_tokens(model):
     assert set(choice.value) <= {"yes", "no", None} and choice.value[0] in ("yes", "no")
 
 
-# ---------------------------------------------------------------- issue 9, item 2
+# ---------------------------------------------------------------- numbers and bounds
 CUT_SHORT = [
     ("choice", lambda m: generate.choice(m, ["alphabetically", "betamaxes"]), 1),
     ("regex", lambda m: generate.regex(m, r"[a-z]{12}"), 2),
@@ -203,7 +203,7 @@ def test_value_of_a_complete_match_parses(model):
     assert state.value in ("alphabetically", "betamaxes")
 
 
-# ---------------------------------------------------------------- issue 9, item 6
+# ---------------------------------------------------------------- bad arguments
 def test_bad_generator_arguments_fail_when_built(model):
     with pytest.raises(TypeError, match="continuous.models"):
         generate.text("path/to/model")

@@ -79,7 +79,7 @@ def test_bad_parameters():
     (dict(samples="2"), TypeError),
 ])
 def test_bad_parameters_fail_when_built(kwargs, error):
-    # Issue 9, item 6: each was accepted, then failed inside torch (or not at all).
+    # Each was once accepted, then failed inside torch (or not at all).
     with pytest.raises(error, match=next(iter(kwargs))):
         samplers.multinomial(**kwargs)
 

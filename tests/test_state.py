@@ -1,4 +1,4 @@
-"""SequenceState: indexing (PR #781 forms), adding, values, and SPEC section 4 invariants."""
+"""SequenceState: indexing, adding, values, and the invariants of continuing a state."""
 
 import warnings
 
@@ -181,7 +181,7 @@ def test_value_iter_str_repr_drop_cache(model):
     assert one.value in ("yes", "no") and str(one) == list(state)[0]
 
 
-# ---------------------------------------------------------------- invariants (SPEC 4)
+# ---------------------------------------------------------------- invariants
 
 OPS = st.lists(
     st.one_of(
@@ -265,8 +265,8 @@ def _generated(state, out):
 def test_no_waste(model, ops):
     """tokens_forwarded grows by exactly the tokens the state's cache lacks, plus generated ones.
 
-    What the cache lacks is derived from the operations and the token ids (issue 9,
-    item 11), never from the library's own accounting.
+    What the cache lacks is derived from the operations and the token ids ,
+    never from the library's own accounting.
     """
     gen = continuous(generate.text(model))
     state = gen(PROMPTS[:2], max_tokens=3)
@@ -305,7 +305,7 @@ def _quiet(fn):
         return fn()
 
 
-# ---------------------------------------------------------------- issue 9, item 5
+# ---------------------------------------------------------------- a state as a string
 def test_a_state_is_a_string_for_in_bool_and_len(greedy):
     state = greedy("My name is Omar", max_tokens=3)
     text = str(state)

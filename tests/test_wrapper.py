@@ -201,7 +201,7 @@ def test_stream_checks_its_arguments_when_called(gen):
         gen.stream("a", max_tokens=-2)
 
 
-# ---------------------------------------------------------------- issue 9, item 1
+# ---------------------------------------------------------------- arguments checked when a call starts
 @pytest.fixture(scope="module")
 def demo():
     from continuous import models

@@ -16,7 +16,7 @@ import torch
 
 __all__ = ["corpus", "build_tokenizer", "build_llama", "build_model_dir", "REFERENCE_SIZES"]
 
-#: The reference sizes of BENCHMARKS.md, and a tiny one for unit tests.
+#: The benchmarks' reference sizes ("small" and "mid"), and a tiny one for unit tests.
 REFERENCE_SIZES = {
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=128, vocab_size=1000),
