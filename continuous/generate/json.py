@@ -40,8 +40,7 @@ def json(model, schema, sampler=None, whitespace_pattern=None, *, whitespace=Non
         it cannot enforce, naming it) or ``"outlines_core"`` (through its regex compiler,
         with exact integer bounds and calendar dates).
     ban, ban_case
-        Phrases and ``regex`` patterns the output may not contain (a dict phrase ->
-        factor for soft bans), and whether phrases match case (:mod:`continuous.ban`).
+        What the document may not contain, as for every generator (:mod:`continuous.ban`).
 
     Raises
     ------
