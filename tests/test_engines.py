@@ -248,8 +248,8 @@ def test_llguidance_number_bounds_are_exact(small, value):
 
 
 def test_refusals_name_the_reason(small):
-    with pytest.raises(ValueError, match='"not"'):
-        llg.json_schema({"type": "object", "not": {"required": ["a"]}}, small)
+    with pytest.raises(ValueError, match="regex"):
+        llg.json_schema({"type": "string", "pattern": "a("}, small)
     with pytest.raises(ValueError, match="not valid JSON"):
         llg.json_schema("{nope", small)
     with pytest.raises(ValueError, match="regex"):

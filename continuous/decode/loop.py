@@ -136,10 +136,8 @@ class Decoding:
         self.constraints = RowConstraints(constraint, n, model.vocab_size, len(tokenizer), eos, device,
                                           heal_matchers(tokenizer, rows, removed, constraint),
                                           also_eos=tuple(self.eos - {eos}))
-        bans = options.bans
         self.rows = [RowState(tokenizer, rows.real_ids(r), rows.texts[r], rows.ends[r],
-                              bans.matcher(rows.texts[r] + removed[r]) if bans is not None else None, removed[r])
-                     for r in range(n)]
+                              self._watchers(constraint, rows.texts[r] + removed[r]), removed[r]) for r in range(n)]
         room = model.max_length - int(rows.attention_mask.sum(1).max())
         self.steps = room if options.max_tokens is None else min(options.max_tokens, room)
         self.limit = "length" if options.max_tokens is not None and options.max_tokens <= room else "context"
@@ -157,6 +155,13 @@ class Decoding:
         # the next step is filled on the host while the device runs the step. Beams reorder
         # rows at every step, so they would give back nearly every queued step.
         self.overlap = model.overlap and not sampler.joint
+
+    def _watchers(self, constraint, before: str) -> list:
+        """What watches a row's text for matches to rewind on: the bans, and what the constraint
+        could not enforce in its grammar."""
+        watchers = [self.options.bans.matcher(before)] if self.options.bans is not None else []
+        watch = constraint.watch() if constraint is not None else None
+        return watchers + ([watch] if watch is not None else [])
 
     def __iter__(self) -> Iterator[list[str | None]]:
         identity = list(range(len(self.rows)))
@@ -260,7 +265,7 @@ class Decoding:
             chunks.append(chunk)
         return chunks, rewound
 
-    def _take(self, r: int, t: int, step: int) -> tuple[list[int], list[tuple[int, float]]]:
+    def _take(self, r: int, t: int, step: int) -> tuple[list[int], list[tuple]]:
         """Row ``r`` takes token ``t``, then any the constraint forces (fast-forward); returns
         them and the banned matches they make."""
         row, chunk = self.rows[r], [t]
@@ -284,7 +289,7 @@ class Decoding:
                 return chunk, matches
             chunk.append(forced[0])
 
-    def _rewind(self, r: int, matches: list[tuple[int, float]], chunk: list[int]) -> tuple[list[int], int]:
+    def _rewind(self, r: int, matches: list[tuple], chunk: list[int]) -> tuple[list[int], int]:
         """Take row ``r`` back to where the first banned match that does not stand starts; return
         what is left of its chunk and how many forwarded tokens went.
 
@@ -294,7 +299,7 @@ class Decoding:
         row = self.rows[r]
         forwarded = len(row.slots)
         # A soft ban sampled again where it was down-weighted stands: the next match counts.
-        undone = next(filter(None, (row.rewind(start, factor, self.tokenizer) for start, factor in matches)), None)
+        undone = next(filter(None, (row.rewind(match, self.tokenizer) for match in matches)), None)
         if undone is None:
             return chunk, 0
         for s in undone.steps:

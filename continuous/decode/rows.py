@@ -57,10 +57,10 @@ class RowState:
     """
 
     __slots__ = ("input", "base_text", "base_ends", "context", "detok", "ends", "text", "pending", "finished", "reason", "stop",
-                 "dead", "tokens", "steps", "slots", "released", "bans", "ban", "rewinds", "healed", "dangling",
+                 "dead", "tokens", "steps", "slots", "released", "bans", "watchers", "rewinds", "healed", "dangling",
                  "dangling_end", "forced_next")
 
-    def __init__(self, tokenizer, ids: list[int], text: str, ends: Sequence[int], ban=None, healed: str = ""):
+    def __init__(self, tokenizer, ids: list[int], text: str, ends: Sequence[int], watchers=(), healed: str = ""):
         hanging = dangling(tokenizer, ids)
         self.input = (text, tuple(ends))
         self.base_text = text[: ends[-hanging - 1] if len(ends) > hanging else 0] if hanging else text
@@ -81,7 +81,9 @@ class RowState:
         self.slots: list[int] = []
         self.released = len(healed)  # characters already streamed (the re-spelled input was, as input)
         self.bans: dict[int, dict[int, float]] = {}  # position -> token -> factor (0: forbidden)
-        self.ban = ban  # the ban list's matcher of this row, or None
+        # What watches the generated text and makes the row rewind on a match: the ban
+        # list's matcher, a relaxed JSON schema's watch (feed, finish, held, rewind, copy).
+        self.watchers = list(watchers)
         self.rewinds = 0
         self.forced_next: int | None = None  # the token the constraint forces next, taken at the next step
 
@@ -100,11 +102,15 @@ class RowState:
             setattr(new, name, list(getattr(self, name)))
         new.bans = {k: dict(v) for k, v in self.bans.items()}
         new.detok = self.detok.copy()
-        new.ban = self.ban.copy() if self.ban is not None else None
+        new.watchers = [w.copy() for w in self.watchers]
         return new
 
-    def add(self, token_id: int, step: int | None, stops: StopStrings) -> list[tuple[int, float]]:
-        """Append a token; return the ``(start, factor)`` of the banned matches its text makes."""
+    def add(self, token_id: int, step: int | None, stops: StopStrings) -> list[tuple]:
+        """Append a token; return the matches its text makes, to rewind to.
+
+        A match is ``(start, factor)`` (a banned phrase: back to its start) or
+        ``(start, factor, end)`` (a value the schema forbids: back into it).
+        """
         self.tokens.append(token_id)
         self.steps.append(step)
         piece = self.detok.step(token_id)
@@ -117,23 +123,34 @@ class RowState:
         if stops.strings and (hit := stops.find(self.text, len(piece), echo)) is not None:
             self.stop = hit
             self.finish("stop")
-        if self.ban is None or len(self.text) <= echo:
+        if not self.watchers or len(self.text) <= echo:
             return []
-        return [(echo + s, f) for s, f in self.ban.feed(self.text[max(echo, len(self.text) - len(piece)):])]
+        new = self.text[max(echo, len(self.text) - len(piece)):]
+        return self._shifted(m for w in self.watchers for m in w.feed(new))
 
-    def ending(self) -> list[tuple[int, float]]:
-        """The banned matches that the end of the row's text completes (before it finishes)."""
-        if self.ban is None:
-            return []
-        return [(len(self.healed) + s, f) for s, f in self.ban.finish()]
+    def ending(self) -> list[tuple]:
+        """The matches that the end of the row's text completes (before it finishes)."""
+        return self._shifted(m for w in self.watchers for m in w.finish())
 
-    def _rewind_point(self, start: int) -> int:
-        """How many tokens a rewind to a match starting at character ``start`` keeps.
+    def _shifted(self, matches) -> list[tuple]:
+        # Watchers see the text after what healing spells again.
+        return sorted((len(self.healed) + m[0],) + tuple(m[1:]) for m in matches)
 
-        It goes back to the token where the match starts, or further to the last token
-        that was sampled: a token the constraint forced could not be otherwise.
+    def _rewind_point(self, start: int, end: int | None = None) -> int:
+        """How many tokens a rewind to a match at character ``start`` keeps.
+
+        A phrase goes back to the token where it starts, or further to the last token
+        that was sampled: a token the constraint forced could not be otherwise. A value
+        (``end`` given) goes back to the first token the row chose within it, which
+        decided it, if there is one.
         """
         keep = bisect.bisect_right(self.ends, start)
+        if end is not None:
+            k = keep
+            while k < len(self.steps) and (self.ends[k - 1] if k else 0) < end:
+                if self.steps[k] is not None:
+                    return k
+                k += 1
         while 0 < keep < len(self.steps) and self.steps[keep] is None:
             keep -= 1
         return keep
@@ -145,13 +162,14 @@ class RowState:
         self.ends.extend([len(self.text)] * (self.pending + 1))
         self.pending = 0
 
-    def rewind(self, start: int, factor: float, tokenizer) -> Rewind | None:
-        """Go back to the token where a banned match starting at character ``start`` begins.
+    def rewind(self, match: tuple, tokenizer) -> Rewind | None:
+        """Go back to the token a match points to (see :meth:`_rewind_point`).
 
-        That token is banned at its position (or down-weighted by the soft ``factor``:
-        a soft-banned phrase sampled again there stands, and ``None`` is returned).
+        That token is banned at its position (or down-weighted by the soft factor: a
+        soft-banned phrase sampled again there stands, and ``None`` is returned).
         """
-        keep = self._rewind_point(start)
+        start, factor, end = match if len(match) == 3 else (*match, None)
+        keep = self._rewind_point(start, end)
         here = self.bans.setdefault(keep, {})
         first = self.tokens[keep]
         if factor > 0 and first in here:
@@ -169,8 +187,8 @@ class RowState:
         self.finished, self.reason, self.forced_next = False, None, None
         for position in [p for p in self.bans if p > keep]:  # bans recorded after a prefix that changed
             del self.bans[position]
-        if self.ban is not None:
-            self.ban.rewind(max(0, len(self.text) - len(self.healed)))
+        for w in self.watchers:
+            w.rewind(max(0, len(self.text) - len(self.healed)))
         self.rewinds += 1
         return undone
 
@@ -186,9 +204,9 @@ class RowState:
         if self.finished and self.released >= len(self.text):
             return None
         end = self.stop[1] if self.stop else len(self.text)
-        if not self.finished and self.ban is not None:
+        if not self.finished and self.watchers:
             # What a rewind could take back: from the token where a held match would start.
-            held = len(self.text) - self.ban.held()
+            held = len(self.text) - max(w.held() for w in self.watchers)
             keep = self._rewind_point(held)
             end = min(end, self.ends[keep - 1] if keep else 0) if keep < len(self.ends) else min(end, held)
         piece = self.text[self.released:end] if end > self.released else ""
@@ -233,6 +251,7 @@ class RowState:
 
 
 def warn_exhausted(r: int, row: RowState) -> None:
-    warnings.warn(f"row {r} could not avoid a banned phrase after {row.rewinds} rewinds: it ends with its "
-                  f"longest clean prefix ({len(row.tokens)} tokens)", BanExhausted, stacklevel=5)
+    warnings.warn(f"row {r} could not avoid a banned phrase (or a value its schema forbids) after {row.rewinds} "
+                  f"rewinds: it ends with its longest clean prefix ({len(row.tokens)} tokens)", BanExhausted,
+                  stacklevel=5)
     row.finish("ban_exhausted")

@@ -102,3 +102,11 @@ class Constraint(Protocol):
 
     def matcher(self) -> Matcher:
         """A matcher at the start of the constraint."""
+
+    def watch(self):
+        """What watches a row's text for what the grammar could not enforce (``None``: nothing).
+
+        It feeds on the text (``feed(piece)`` returns the ``(start, factor)`` of each match to
+        rewind to), and has ``finish()``, ``held()``, ``rewind(length)`` and ``copy()``, as a
+        ban list's matcher.
+        """

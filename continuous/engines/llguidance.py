@@ -24,9 +24,13 @@ import torch
 
 from . import bits, caches, schema
 from .formats import DATE, DATE_TIME
+from .jsonwatch import Checks, JsonWatch
+from .relax import draft7_hint, normalize, relaxation
 
 __all__ = ["json_schema", "regex", "lark", "lltokenizer", "LLGuidanceConstraint", "LLGuidanceMatcher"]
 
+#: Relaxations tried before a JSON schema is refused (each drops what one refusal names).
+_RELAXATIONS = 32
 #: Runs of forced tokens (16 each) followed at build time to tell a grammar that never
 #: ends, such as a rule with no way out (an empty language).
 _ENDLESS = 64
@@ -153,6 +157,9 @@ class LLGuidanceConstraint:
             raise ValueError(f"llguidance refuses {description}: {_reason(self._start.get_error())}")
         #: Non-fatal notes from the compiler (for instance a string format it does not check).
         self.warnings = list(self._start.get_grammar_warnings())
+        #: Keywords of a JSON schema the grammar does not enforce (enforced while decoding).
+        self.dropped: frozenset[str] = frozenset()
+        self._checks = None
         self._check_language(description)
 
     def _check_language(self, description: str) -> None:
@@ -184,6 +191,10 @@ class LLGuidanceConstraint:
     def matcher(self) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(self._start.deep_copy(), self.words, self.eos_token_id)
 
+    def watch(self) -> JsonWatch | None:
+        """A row's watch over what the grammar dropped of a JSON schema (``None`` when nothing was)."""
+        return JsonWatch(self._checks) if self._checks is not None else None
+
 
 def _reason(error: str) -> str:
     """The engine's error without its debugging dump (parser state, grammar text)."""
@@ -204,11 +215,19 @@ def _compiled(kind: str, source: str, options: str, tokenizer, make_grammar) -> 
 def json_schema(document, tokenizer, whitespace_pattern: str | None = None) -> LLGuidanceConstraint:
     """A JSON document valid against a schema.
 
+    A schema the engine refuses only over keywords that narrow its language (``not``,
+    ``if``/``then``/``else``, ``uniqueItems``, ``contains``, ``dependencies``,
+    ``propertyNames``, overlapping ``oneOf``, min/max properties) or over formats it does
+    not know is compiled without them; they are then enforced while decoding (the
+    constraint's :meth:`~LLGuidanceConstraint.watch`), and ``generate.json`` checks them
+    on ``value``. ``constraint.dropped`` names them.
+
     Parameters
     ----------
     document
-        A JSON schema as ``dict`` (or ``bool``) or JSON ``str``. The ``date`` and
-        ``date-time`` formats are held to real calendar dates and RFC 3339 times by a pattern.
+        A JSON schema as ``dict`` (or ``bool``) or JSON ``str``; draft-7 forms are read as
+        such. The ``date`` and ``date-time`` formats are held to real calendar dates and
+        RFC 3339 times by a pattern.
     tokenizer
         A fast HF tokenizer with an EOS token.
     whitespace_pattern
@@ -218,13 +237,36 @@ def json_schema(document, tokenizer, whitespace_pattern: str | None = None) -> L
     Raises
     ------
     ValueError
-        When the schema is not JSON or llguidance refuses it (for instance
-        ``Unimplemented keys: ["not"]``).
+        When the schema is not JSON, or llguidance refuses it over something that cannot
+        be enforced another way, with its reason.
     """
-    text = json.dumps(_dated(schema.document(document)))
+    given = schema.document(document)
+    doc = normalize(given)
     options = {} if whitespace_pattern is None else {"whitespace_pattern": whitespace_pattern}
-    return _compiled("JSON schema", text, json.dumps(options), tokenizer,
-                     lambda: llguidance.LLMatcher.grammar_from_json_schema(text, overrides=options or None))
+    key = ("llguidance", "JSON schema", json.dumps(doc), json.dumps(options))
+    return caches.compiled(tokenizer, key, lambda: _relaxed(doc, options, tokenizer, draft7_hint(given)))
+
+
+def _relaxed(doc, options: dict, tokenizer, hint: str) -> LLGuidanceConstraint:
+    """The constraint of ``doc``, relaxed until the engine takes it (see :mod:`.relax`)."""
+    relaxed, dropped = doc, set()
+    for _ in range(_RELAXATIONS):
+        text = json.dumps(_dated(relaxed))
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(text, overrides=options or None)
+            built = LLGuidanceConstraint(grammar, tokenizer, "this JSON schema")
+            break
+        except ValueError as exc:
+            step = relaxation(relaxed, str(exc))
+            if step is None:
+                raise ValueError(f"{exc}{hint}") from None
+            relaxed, more, extra = step
+            dropped, options = dropped | more, {**options, **extra}
+    else:
+        raise ValueError("llguidance refuses this JSON schema: too many keywords to relax")
+    built.dropped = frozenset(dropped)
+    built._checks = Checks(doc, dropped) if dropped else None
+    return built
 
 
 def _dated(document):

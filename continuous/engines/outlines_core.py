@@ -64,6 +64,9 @@ class OutlinesCoreConstraint:
     def matcher(self) -> "OutlinesCoreMatcher":
         return OutlinesCoreMatcher(self, [self.initial])
 
+    def watch(self) -> None:
+        return None  # the regex is the whole language
+
     def allowed(self, state: int) -> list[int]:
         """Token ids allowed after ``state`` other than EOS (sorted)."""
         if state == _ENDED:

@@ -4,7 +4,7 @@ import json as _json
 from pydantic import BaseModel
 
 from .. import engines
-from ..engines.schema import document, rewritten
+from ..engines.schema import document, rewritten, validator
 from .base import SequenceGenerator, make
 
 #: The layouts ``whitespace=`` names, as the regex of what may come between two JSON tokens.
@@ -97,25 +97,19 @@ def _closed(schema):
 class _Validated:
     """Parse a document and check it against the whole schema.
 
-    An engine cannot enforce every keyword while generating (``multipleOf``, bounds of
-    non-integers, ``uniqueItems``...): a document that breaks one raises rather than
-    being returned.
+    An engine cannot enforce every keyword while generating (bounds of non-integers,
+    ``multipleOf``, formats it does not know...): a document that breaks one raises rather
+    than being returned, naming the keyword.
     """
 
-    def __init__(self, schema: dict):
-        import jsonschema
-
-        cls = jsonschema.validators.validator_for(schema)
-        try:
-            cls.check_schema(schema)
-        except jsonschema.SchemaError as exc:
-            raise ValueError(f"the JSON schema is invalid: {exc.message}") from exc
-        self.validator = cls(schema)
+    def __init__(self, schema):
+        self.validator = validator(schema)
 
     def __call__(self, text: str):
         value = _json.loads(text)
         errors = sorted(self.validator.iter_errors(value), key=lambda e: list(e.path))
         if errors:
             where = "/".join(str(p) for p in errors[0].path) or "the document"
-            raise ValueError(f"the generated JSON breaks the schema at {where}: {errors[0].message}")
+            raise ValueError(f"the generated JSON breaks the schema at {where} ({errors[0].validator}): "
+                             f"{errors[0].message}")
         return value

@@ -9,7 +9,7 @@ from continuous.layout import encode
 
 def _row(tokenizer, text="Hello", ban=None, healed=""):
     ids, ends = encode(tokenizer, text, special=True)
-    return RowState(tokenizer, ids, text, ends, ban.matcher() if ban is not None else None, healed)
+    return RowState(tokenizer, ids, text, ends, [ban.matcher()] if ban is not None else [], healed)
 
 
 def _ids(tokenizer, text):
@@ -63,7 +63,7 @@ def test_a_banned_match_rewinds_to_its_first_token_and_bans_it_there(tokenizer):
     assert len(matches) == 1
     start, factor = matches[0]
     assert row.text[start:] == "Paris" and factor == 0
-    undone = row.rewind(start, factor, tokenizer)
+    undone = row.rewind((start, factor), tokenizer)
     assert row.text in (" in", " in ")  # up to the end of the token before "Paris"
     assert undone.keep == len(row.tokens) and undone.removed == len(ids) - undone.keep
     assert undone.slots == list(range(undone.keep, len(ids))) and undone.steps == undone.slots
@@ -76,11 +76,11 @@ def test_a_soft_banned_phrase_sampled_again_where_it_was_down_weighted_stands(to
     ids = _ids(tokenizer, " Paris")
     for step, t in enumerate(ids):
         row.add(t, step, NO_STOP)
-    assert row.rewind(*row.ending()[0], tokenizer) is not None
+    assert row.rewind(row.ending()[0], tokenizer) is not None
     for step, t in enumerate(ids[len(row.tokens):]):
         row.add(t, step, NO_STOP)
     match = row.ending()
-    assert match and row.rewind(*match[0], tokenizer) is None
+    assert match and row.rewind(match[0], tokenizer) is None
     assert row.text == " Paris"
 
 
@@ -104,7 +104,7 @@ def test_a_copy_goes_its_own_way(tokenizer):
     for t in _ids(tokenizer, " b"):
         twin.add(t, 1, NO_STOP)
     assert row.text == " a" and twin.text == " a b"
-    assert row.tokens != twin.tokens and row.ban.text == " a"
+    assert row.tokens != twin.tokens and row.watchers[0].text == " a"
 
 
 def test_healed_text_is_not_part_of_the_value(tokenizer):
