@@ -11,6 +11,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from continuous import continuous, generate, samplers
+from continuous import engines
 from continuous.engines import outlines_core
 from continuous.generate.format import _FORMATS
 
@@ -283,7 +284,8 @@ ENGINES = ["llguidance", "outlines_core"]
     ({"minimum": -20, "maximum": -10}, [-20, -15, -10], [-21, -9, 0, 15]),
 ])
 def test_json_integer_bounds_are_exact_in_the_constraint(model, node, inside, outside, engine):
-    schema = {"type": "object", "properties": {"n": {"type": "integer", **node}}, "required": ["n"]}
+    schema = {"type": "object", "properties": {"n": {"type": "integer", **node}}, "required": ["n"],
+              "additionalProperties": False}
     if any(isinstance(v, bool) for v in node.values()):  # boolean exclusive bounds are draft 4's
         schema["$schema"] = "http://json-schema.org/draft-04/schema#"
     gen = generate.json(model, schema, whitespace_pattern=WS, engine=engine)
@@ -304,7 +306,7 @@ def test_pydantic_integer_bounds_are_exact_in_the_constraint(model, engine):
 def test_json_value_is_validated_where_the_constraint_cannot_say_it(model, engine):
     schema = {"type": "object", "properties": {"x": {"type": "number", "minimum": 1.5},
                                                 "k": {"type": "integer", "multipleOf": 3}},
-              "required": ["x", "k"]}
+              "required": ["x", "k"], "additionalProperties": False}
     gen = generate.json(model, schema, whitespace_pattern=WS, engine=engine)
     assert gen.parse('{"x":2.5,"k":9}') == {"x": 2.5, "k": 9}
     for bad in ('{"x":1.0,"k":9}', '{"x":2,"k":4}'):
@@ -314,6 +316,35 @@ def test_json_value_is_validated_where_the_constraint_cannot_say_it(model, engin
                 gen.parse(bad)
     if engine == "outlines_core":  # its regex cannot say these: the value is the guard
         assert accepts(gen, '{"x":1.0,"k":9}') and accepts(gen, '{"x":2,"k":4}')
+
+
+@pytest.mark.parametrize("build, reason", [
+    (lambda m: generate.choice(m, ["cat", "category"], engine="outlines_core"), "go on after a complete one"),
+    (lambda m: generate.regex(m, r"[0-9]+(\.[0-9]+)?", engine="outlines_core"), "go on after a complete one"),
+    (lambda m: generate.json(m, {"type": "number"}, engine="outlines_core"), "go on after a complete one"),
+    (lambda m: generate.json(m, {"type": "object", "properties": {"a": {"type": "integer"}}},
+                             engine="outlines_core"), "beyond those listed"),
+    (lambda m: generate.json(m, {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                                 "additionalProperties": False, "allOf": [{"required": ["a"]}]},
+                             engine="outlines_core"), "allOf"),
+    (lambda m: generate.json(m, {"const": {"a.b": 1}}, engine="outlines_core"), "special characters"),
+    (lambda m: generate.json(m, {"type": "object"}, engine="outlines_core"), "beyond those listed"),
+    (lambda m: generate.json(m, {"properties": {"foo": {}}}, engine="outlines_core"), "any kind"),
+])
+def test_what_outlines_core_would_serve_wrong_is_served_by_llguidance(model, build, reason):
+    with pytest.warns(engines.EngineFallbackWarning, match=reason):
+        gen = build(model)
+    assert gen.engine == "llguidance"
+
+
+def test_outlines_core_languages_are_the_schema_s(model):
+    """What the routed cases above would lose: each is in the language served."""
+    assert accepts(generate.choice(model, ["cat", "category"], engine="outlines_core"), "category")
+    assert accepts(generate.json(model, {"type": "number"}, engine="outlines_core"), "2.5")
+    assert not accepts(generate.json(model, {"const": {"a.b": 1}}, engine="outlines_core"), '{"axb":1}')
+    closed = generate.json(model, {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                                   "additionalProperties": False}, engine="outlines_core")
+    assert closed.engine == "outlines_core" and accepts(closed, '{"a":1}')
 
 
 def test_a_generated_json_number_is_checked_on_value(model):
@@ -374,9 +405,23 @@ def test_a_date_time_is_rfc_3339(model, engine):
 ])
 @pytest.mark.parametrize("engine", ENGINES)
 def test_json_number_bounds_fix_the_sign_in_the_constraint(model, node, inside, outside, engine):
-    schema = {"type": "object", "properties": {"n": {"type": "number", **node}}, "required": ["n"]}
+    schema = {"type": "object", "properties": {"n": {"type": "number", **node}}, "required": ["n"],
+              "additionalProperties": False}
     gen = generate.json(model, schema, whitespace_pattern=WS, engine=engine)
     if engine == "llguidance":  # its bounded numbers take no exponent with a leading zero ("2e-05")
         inside = [v for v in inside if "e-0" not in json.dumps(v)]
     assert all(_doc_matches(gen, v) for v in inside)
     assert not any(_doc_matches(gen, v) for v in outside)
+
+
+def test_a_byte_level_vocabulary_cannot_spell_split_characters_on_outlines_core():
+    from support.models import build_arch
+
+    from continuous import models
+
+    hf, tok = build_arch("llama")  # Llama 3: an emoji is several byte tokens
+    model = models.transformers(hf, tok)
+    with pytest.warns(engines.EngineFallbackWarning, match="byte-level"):
+        gen = generate.regex(model, r"[^a]{1,4}", engine="outlines_core")
+    assert accepts(gen, "😀")
+    assert generate.regex(model, r"[a-c]{2,4}", engine="outlines_core").engine == "outlines_core"

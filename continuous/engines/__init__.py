@@ -16,11 +16,13 @@ needs of a schema is prepared inside it, and what it compiles is cached by one p
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Protocol
 
 import torch
 
-__all__ = ["Constraint", "Matcher", "ENGINES", "DEFAULT_ENGINE", "check_engine", "json_schema", "regex", "grammar"]
+__all__ = ["Constraint", "Matcher", "ENGINES", "DEFAULT_ENGINE", "EngineFallbackWarning", "check_engine",
+           "json_schema", "regex", "grammar"]
 
 #: The engine names ``engine=`` accepts.
 ENGINES = ("llguidance", "outlines_core")
@@ -47,17 +49,44 @@ def json_schema(schema, tokenizer, *, engine: str | None = None, whitespace_patt
                 ) -> "Constraint":
     """The constraint of a JSON document valid against ``schema`` (a dict, bool or JSON text).
 
+    On ``engine="outlines_core"``, a schema that engine would serve as a narrower language
+    (or compile for minutes) is served by llguidance, with an :class:`EngineFallbackWarning`.
+
     Raises
     ------
     ValueError
         When the schema is invalid or the engine refuses it, with the reason.
     """
+    if check_engine(engine) == "outlines_core":
+        from .outlines_core import unserved_schema
+
+        engine = _fallback(unserved_schema(schema, tokenizer, whitespace_pattern))
     return _engine(engine).json_schema(schema, tokenizer, whitespace_pattern)
 
 
 def regex(pattern: str, tokenizer, *, engine: str | None = None) -> "Constraint":
-    """The constraint of text that matches a regular expression in full."""
+    """The constraint of text that matches a regular expression in full.
+
+    On ``engine="outlines_core"``, a regex that engine would serve as a narrower language
+    is served by llguidance, with an :class:`EngineFallbackWarning`.
+    """
+    if check_engine(engine) == "outlines_core":
+        from .outlines_core import unserved_regex
+
+        engine = _fallback(unserved_regex(pattern, tokenizer))
     return _engine(engine).regex(pattern, tokenizer)
+
+
+def _fallback(reason: str | None) -> str:
+    if reason is None:
+        return "outlines_core"
+    warnings.warn(f"outlines_core cannot serve this constraint exactly ({reason}): llguidance serves it",
+                  EngineFallbackWarning, stacklevel=4)
+    return "llguidance"
+
+
+class EngineFallbackWarning(UserWarning):
+    """The engine asked for would serve a constraint wrong: another engine serves it."""
 
 
 def grammar(lark: str, tokenizer) -> "Constraint":

@@ -12,14 +12,17 @@ packed, in a bounded per-constraint LRU: a decoding loop revisits the same few s
 from __future__ import annotations
 
 import copy
+import re
 
+import interegular
 import torch
 from outlines_core import Index, Vocabulary
 
 from . import bits, caches, schema
 from .schema_regex import schema_regex
 
-__all__ = ["json_schema", "regex", "from_index", "vocabulary", "OutlinesCoreConstraint", "OutlinesCoreMatcher"]
+__all__ = ["json_schema", "regex", "from_index", "vocabulary", "unserved_regex", "unserved_schema",
+           "OutlinesCoreConstraint", "OutlinesCoreMatcher"]
 
 #: The state a matcher enters when it consumes EOS: nothing may follow.
 _ENDED = -1
@@ -195,3 +198,73 @@ def json_schema(document, tokenizer, whitespace_pattern: str | None = None) -> O
         When the compiler refuses the schema or the regex cannot be indexed.
     """
     return regex(schema_regex(schema.document(document), whitespace_pattern), tokenizer)
+
+
+# ---------------------------------------------------------------------- what it cannot serve
+# outlines_core would build a narrower language, or take minutes, on these: the caller
+# routes them to another engine rather than serve them wrong.
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_ -]*")
+_ANY_CHAR = re.compile(r"\[\^|(?<!\\)\.|\\[WSD]|[^\x00-\x7f]")
+
+
+def unserved_regex(pattern: str, tokenizer) -> str | None:
+    """Why outlines_core cannot serve a regex exactly over this tokenizer (``None``: it can).
+
+    Its ``Index`` leaves out, from a state where a match is complete, the tokens that lead
+    on to a longer match (``cat|category`` would never give ``category``); and over a
+    byte-level vocabulary it has no token for the pieces of a character that tokens split
+    (an emoji on Llama 3).
+    """
+    try:
+        fsm = interegular.parse_pattern(pattern).to_fsm()
+    except Exception:  # a syntax interegular does not read: outlines_core judges it
+        return None
+    finals = fsm.finals
+    if any(nxt not in finals for state in finals for nxt in fsm.map.get(state, {}).values()):
+        return "a match may go on after a complete one, which its index leaves out"
+    if _byte_level(tokenizer) and _ANY_CHAR.search(pattern):
+        return "a byte-level vocabulary cannot spell there characters that tokens split"
+    return None
+
+
+def _byte_level(tokenizer) -> bool:
+    decoder = getattr(tokenizer, "backend_tokenizer", None)
+    return decoder is not None and type(decoder.decoder).__name__ == "ByteLevel"
+
+
+def unserved_schema(document, tokenizer, whitespace_pattern: str | None = None) -> str | None:
+    """Why outlines_core cannot serve a JSON schema exactly over this tokenizer (``None``: it can)."""
+    document = schema.document(document)
+    found: list[str] = []
+
+    def check(node):
+        if not isinstance(node, dict):
+            return node
+        if "allOf" in node and "properties" in node:
+            found.append("allOf beside properties is dropped by its compiler")
+        names = list(node.get("properties", {}))
+        for value in [node.get("const"), *node.get("enum", ())]:
+            if isinstance(value, dict):
+                names += list(value)
+        if any(not _PLAIN_NAME.fullmatch(str(name)) for name in names):
+            found.append("property names with special characters are not escaped by its compiler")
+        if node.get("type") == "object" and node.get("additionalProperties") is not False:
+            found.append("its objects take no property beyond those listed, where the schema allows more")
+        if not set(node) - _ANNOTATIONS:
+            found.append("a value of any kind takes its compiler minutes")
+        return node
+
+    if document is True or document == {}:
+        return "a value of any kind takes its compiler minutes"
+    schema.rewritten(document, check)
+    if found:
+        return found[0]
+    try:
+        return unserved_regex(schema_regex(document, whitespace_pattern), tokenizer)
+    except ValueError:
+        return None  # the compiler refuses it, and says why
+
+
+#: Keywords that say nothing of a value: a schema of only these takes any JSON value.
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "$schema", "$id"})
