@@ -3,9 +3,16 @@
 Every schema is compiled by each engine (in a worker process, under a per-schema time
 limit, so that one blow-up cannot hang the run), then every valid and invalid instance
 of the schema is fed token by token with the Llama-3 tokenizer: before each token the
-row's mask is filled (that time is the mask time) and the token must be allowed; an
-instance is accepted when all of its tokens are allowed and the text is a complete
-match at the end (EOS allowed).
+row's mask is filled (that time is the mask time) and the token must be allowed; the
+grammar accepts an instance when all of its tokens are allowed and the text is a
+complete match at the end (EOS allowed). llguidance is the default path: a schema it
+refuses only over keywords that narrow it is compiled relaxed, what it dropped is
+watched while decoding, and ``value`` is validated; an instance reaches the user when
+the grammar, the watch and the validation all take it.
+
+``--generate N`` also generates from N of the relaxed schemas with a random-weight model
+of the Llama-3 tokenizer: how many finish with a valid value, how many raise, and
+whether any value that fails validation is returned without an error.
 
 Instances are serialized as compact JSON (``separators=(",", ":")``, non-ASCII kept),
 which both engines' default whitespace rules allow: llguidance takes any JSON
@@ -34,7 +41,11 @@ from multiprocessing import connection, get_context
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers are forked
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# This file's folder comes first on the path of a script run from it, where this file
+# would hide the jsonschema package from every library: the repository root instead.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
 
 from benchmarks.common import emit  # noqa: E402
 
@@ -121,6 +132,27 @@ def _compile(engine: str, schema):
     return mod.json_schema(schema, _TOKENIZER)
 
 
+def _checks(constraint, schema):
+    """Whether an instance's text passes the watch (what the grammar dropped) and the validation."""
+    from continuous.engines.schema import validator
+
+    try:
+        check = validator(schema)
+    except Exception:  # a schema jsonschema cannot read: the library refuses it at build too
+        check = None
+
+    def passes(text: str) -> tuple[bool, bool]:
+        watch = constraint.watch()
+        watched = watch is None or not (watch.feed(text) or watch.finish())
+        try:
+            valid = check is not None and check.is_valid(json.loads(text))
+        except Exception:
+            valid = False
+        return watched, valid
+
+    return passes
+
+
 def _feed(constraint, text: str, mask_us: list[float]) -> bool:
     """Feed ``text`` token by token; whether every token was allowed and the end accepts."""
     import torch
@@ -162,18 +194,22 @@ def _serve(conn) -> None:
             conn.send(("compiled", False, (time.perf_counter() - t0) * 1e3, str(exc).splitlines()[0][:200]))
             continue
         conn.send(("compiled", True, (time.perf_counter() - t0) * 1e3, None))
-        counts = {"valid_accepted": 0, "valid_total": 0, "invalid_accepted": 0, "invalid_total": 0}
+        counts = collections.Counter(relaxed=int(bool(constraint.dropped)))
         mask_us: list[float] = []
+        passes = _checks(constraint, case["schema"])
         for test in case["tests"]:
             text = json.dumps(test["data"], separators=(",", ":"), ensure_ascii=False)
             try:
                 ok = _feed(constraint, text, mask_us)
             except (ValueError, RuntimeError):  # a refused token, or the engine hit a limit
                 ok = False
+            watched, valid = passes(text) if ok else (False, False)
             kind = "valid" if test["valid"] else "invalid"
             counts[f"{kind}_total"] += 1
-            counts[f"{kind}_accepted"] += ok
-        conn.send(("done", counts, mask_us))
+            counts[f"{kind}_grammar"] += ok
+            counts[f"{kind}_accepted"] += ok and watched  # taken while decoding
+            counts[f"{kind}_to_user"] += ok and watched and valid  # returned as value without an error
+        conn.send(("done", dict(counts), mask_us))
         del constraint
         _clear_caches(engine)
 
@@ -268,11 +304,13 @@ def summarize(results, cases, engines) -> dict:
         # are fast and would flatter the percentiles, so they are left out.
         times = [r["compile_ms"] for r in rows if r["compiled"] or r.get("timeout")]
         masks = [us for r in ok for us in r["mask_us"]]
-        agg = {k: sum(r["counts"][k] for r in ok) for k in ("valid_accepted", "valid_total",
-                                                             "invalid_accepted", "invalid_total")}
+        agg = {k: sum(r["counts"].get(k, 0) for r in ok)
+               for k in ("valid_grammar", "valid_accepted", "valid_to_user", "valid_total", "invalid_grammar",
+                         "invalid_accepted", "invalid_to_user", "invalid_total")}
         out[e] = {
             "schemas": len(rows),
             "compile_ok": len(ok),
+            "compile_relaxed": sum(r["counts"].get("relaxed", 0) for r in ok),
             "compile_timeouts": sum(bool(r.get("timeout")) for r in rows),
             "compile_p50_ms": round(_pct(times, 0.50), 2) if times else None,
             "compile_p95_ms": round(_pct(times, 0.95), 2) if times else None,
@@ -284,12 +322,12 @@ def summarize(results, cases, engines) -> dict:
 
 
 def choose_default(figures: dict) -> str:
-    """The engine that clears the bar (compiles at least as many as llguidance, accepts no
+    """The engine that clears the bar (compiles at least as many as llguidance, returns no
     invalid instance, compile p95 < 50 ms); among those the one that compiles most, then
     the faster mask. llguidance when none clears it (it is the reference of the bar)."""
     best = figures["llguidance"]["compile_ok"] if "llguidance" in figures else 0
     fits = [e for e, f in figures.items()
-            if f["compile_ok"] >= best and f["invalid_accepted"] == 0
+            if f["compile_ok"] >= best and f["invalid_to_user"] == 0
             and f["compile_p95_ms"] is not None and f["compile_p95_ms"] < 50]
     if not fits:
         return "llguidance"
@@ -308,6 +346,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--save", action="store_true", help="write benchmarks/results/jsonschema.json")
+    parser.add_argument("--generate", type=int, default=0, help="generate from this many relaxed schemas")
     args = parser.parse_args()
     engines = [e for e in args.engines.split(",") if e]
     per_split = None if args.full else 2 if args.quick else args.per_split
@@ -330,24 +369,60 @@ def main() -> None:
     figures = summarize(results, cases, engines)
 
     both = [name for name, _ in cases if all(results[(e, name)]["compiled"] for e in engines)]
-    table = [("engine", "schemas", "compile ok", "timeouts", "compile p50/p95 ms", "valid acc.",
-              "invalid acc.", "valid acc. (both compile)", "mask p50/p99 us")]
+    table = [("engine", "schemas", "compiled (relaxed)", "timeouts", "compile p50/p95 ms", "valid to user",
+              "invalid: grammar / decoding / to user", "valid to user (both compile)", "mask p50/p99 us")]
     for e in engines:
         f = figures[e]
-        va = sum(results[(e, n)]["counts"]["valid_accepted"] for n in both)
-        vt = sum(results[(e, n)]["counts"]["valid_total"] for n in both)
-        table.append((e, f["schemas"], f["compile_ok"], f["compile_timeouts"],
-                      f"{f['compile_p50_ms']} / {f['compile_p95_ms']}",
-                      f"{f['valid_accepted']}/{f['valid_total']}", f"{f['invalid_accepted']}/{f['invalid_total']}",
-                      f"{va}/{vt} on {len(both)}", f"{f['mask_p50_us']} / {f['mask_p99_us']}"))
+        va = sum(results[(e, n)]["counts"].get("valid_to_user", 0) for n in both)
+        vt = sum(results[(e, n)]["counts"].get("valid_total", 0) for n in both)
+        table.append((e, f["schemas"], f"{f['compile_ok']} ({f['compile_relaxed']})", f["compile_timeouts"],
+                      f"{f['compile_p50_ms']} / {f['compile_p95_ms']}", f"{f['valid_to_user']}/{f['valid_total']}",
+                      f"{f['invalid_grammar']} / {f['invalid_accepted']} / {f['invalid_to_user']} of "
+                      f"{f['invalid_total']}", f"{va}/{vt} on {len(both)}", f"{f['mask_p50_us']} / {f['mask_p99_us']}"))
     errors = collections.Counter(results[(e, n)].get("error") for e in engines for n, _ in cases
                                  if not results[(e, n)]["compiled"])
     print(f"{len(cases)} schemas, {wall:.0f} s; most common failures:", file=sys.stderr)
     for err, n in errors.most_common(8):
         print(f"  {n:5d}  {err}", file=sys.stderr)
-    emit("jsonschema", table, {"default": choose_default(figures), "engines": figures,
-                               "sample": "all" if per_split is None else f"{per_split} per split, seed 0",
-                               "timeout_s": timeout_s, "wall_s": round(wall, 1)}, args.save)
+    result = {"default": choose_default(figures), "engines": figures,
+              "sample": "all" if per_split is None else f"{per_split} per split, seed 0",
+              "timeout_s": timeout_s, "wall_s": round(wall, 1)}
+    if args.generate:
+        relaxed = [(n, c) for n, c in cases if results.get(("llguidance", n), {}).get("counts", {}).get("relaxed")]
+        result["generation"] = generation(relaxed[: args.generate])
+    emit("jsonschema", table, result, args.save)
+
+
+def generation(cases) -> dict:
+    """Greedy JSON from each schema with a random-weight Llama of the Llama-3 tokenizer.
+
+    Counts the values that validate, the calls whose value raises (cut short, or no way
+    on within the schema), and the values returned without an error that fail the schema
+    (the figure that must be 0).
+    """
+    import warnings
+
+    from support.models import build_arch
+
+    from continuous import continuous, generate, models
+    from continuous.engines.schema import validator
+
+    hf, tok = build_arch("llama", max_position_embeddings=1024)
+    model = models.transformers(hf, tok)
+    counts = collections.Counter()
+    for name, case in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            state = continuous(generate.json(model, case["schema"]))("A JSON document:\n", max_tokens=256)
+            try:
+                value = state.value
+            except ValueError:
+                counts["raised"] += 1
+                continue
+        counts["valid"] += 1
+        counts["invalid_returned"] += not validator(case["schema"]).is_valid(value)
+        counts["finished"] += state.finish_reasons == ["eos"]
+    return {"schemas": len(cases), **{k: counts[k] for k in ("valid", "raised", "invalid_returned")}}
 
 
 if __name__ == "__main__":

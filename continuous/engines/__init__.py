@@ -128,6 +128,8 @@ class Constraint(Protocol):
 
     #: The engine's name (one of :data:`ENGINES`).
     engine: str
+    #: Keywords of a JSON schema its grammar does not enforce (its :meth:`watch` does).
+    dropped: frozenset[str]
 
     def matcher(self) -> Matcher:
         """A matcher at the start of the constraint."""

@@ -159,7 +159,8 @@ class LLGuidanceConstraint:
         self.warnings = list(self._start.get_grammar_warnings())
         #: Keywords of a JSON schema the grammar does not enforce (enforced while decoding).
         self.dropped: frozenset[str] = frozenset()
-        self._checks = None
+        self._schema = None
+        self._checks = None  # built at the first watch: a validator is costly to build
         self._check_language(description)
 
     def _check_language(self, description: str) -> None:
@@ -193,7 +194,11 @@ class LLGuidanceConstraint:
 
     def watch(self) -> JsonWatch | None:
         """A row's watch over what the grammar dropped of a JSON schema (``None`` when nothing was)."""
-        return JsonWatch(self._checks) if self._checks is not None else None
+        if not self.dropped:
+            return None
+        if self._checks is None:
+            self._checks = Checks(self._schema, set(self.dropped))
+        return JsonWatch(self._checks)
 
 
 def _reason(error: str) -> str:
@@ -264,8 +269,7 @@ def _relaxed(doc, options: dict, tokenizer, hint: str) -> LLGuidanceConstraint:
             dropped, options = dropped | more, {**options, **extra}
     else:
         raise ValueError("llguidance refuses this JSON schema: too many keywords to relax")
-    built.dropped = frozenset(dropped)
-    built._checks = Checks(doc, dropped) if dropped else None
+    built.dropped, built._schema = frozenset(dropped), doc
     return built
 
 

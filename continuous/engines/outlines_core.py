@@ -53,6 +53,7 @@ class OutlinesCoreConstraint:
     """An ``Index`` over one tokenizer's vocabulary; makes :class:`OutlinesCoreMatcher` s."""
 
     engine = "outlines_core"
+    dropped: frozenset[str] = frozenset()  # the regex is the whole language
 
     def __init__(self, index: Index, n_tokens: int, eos_token_id: int, pattern: str | None = None):
         self.pattern = pattern  # an outlines Generator brings its Index without its pattern
