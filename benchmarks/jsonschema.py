@@ -15,8 +15,10 @@ of the Llama-3 tokenizer: how many finish with a valid value, how many raise, an
 whether any value that fails validation is returned without an error.
 
 Instances are serialized as compact JSON (``separators=(",", ":")``, non-ASCII kept),
-which both engines' default whitespace rules allow: llguidance takes any JSON
-whitespace, outlines_core ``[ ]?`` between tokens.
+which both engines' default whitespace rules allow, with each object's members in the
+order of its schema's ``properties`` (JSON objects are unordered; llguidance writes
+members in that order, see :func:`in_schema_order`). ``valid_as_written`` counts the
+valid instances the grammar takes in their file's member order.
 
 Usage::
 
@@ -132,6 +134,48 @@ def _compile(engine: str, schema):
     return mod.json_schema(schema, _TOKENIZER)
 
 
+def in_schema_order(value, schema):
+    """``value`` with each object's members in the order of its schema's ``properties``.
+
+    JSON objects are unordered, but llguidance writes (and takes) members in the order the
+    schema lists them, as any generator constrained by it would: an instance is fed in
+    that order (what a ``$ref`` or ``allOf`` brings first, then the node's own). Where
+    ``anyOf``/``oneOf`` branches apply, the one the value satisfies gives the order;
+    members no schema lists come last, as they were.
+    """
+    from continuous.engines.jsonwatch import Checks
+
+    try:
+        checks = Checks(schema, set())
+    except Exception:  # a schema jsonschema cannot read
+        return value
+
+    def nodes(node, value):
+        # What a node takes from its $ref and allOf members comes before its own members.
+        expanded = checks._expand(node)
+        out = []
+        for n in expanded[1:] + expanded[:1]:
+            out.append(n)
+            for branch in n.get("anyOf", []) + n.get("oneOf", []):
+                if isinstance(branch, dict) and not checks.errors(branch, value):
+                    out += nodes(branch, value)
+        return out
+
+    def order(value, node_list):
+        if isinstance(value, list):
+            return [order(v, [m for n in node_list for s in checks._step(n, i) for m in nodes(s, v)])
+                    for i, v in enumerate(value)]
+        if not isinstance(value, dict):
+            return value
+        keys = [k for n in node_list for k in n.get("properties", {})]
+        rank = {k: i for i, k in reversed(list(enumerate(keys)))}
+        members = sorted(value, key=lambda k: rank.get(k, len(rank)))
+        return {k: order(value[k], [m for n in node_list for s in checks._step(n, k) for m in nodes(s, value[k])])
+                for k in members}
+
+    return order(value, nodes(schema, value))
+
+
 def _checks(constraint, schema):
     """Whether an instance's text passes the watch (what the grammar dropped) and the validation."""
     from continuous.engines.schema import validator
@@ -199,8 +243,12 @@ def _serve(conn) -> None:
         passes = _checks(constraint, case["schema"])
         for test in case["tests"]:
             text = json.dumps(test["data"], separators=(",", ":"), ensure_ascii=False)
+            ordered = json.dumps(in_schema_order(test["data"], case["schema"]), separators=(",", ":"),
+                                 ensure_ascii=False)
             try:
-                ok = _feed(constraint, text, mask_us)
+                ok = _feed(constraint, ordered, mask_us)
+                counts[f"{'valid' if test['valid'] else 'invalid'}_as_written"] += ordered == text or \
+                    _feed(constraint, text, [])
             except (ValueError, RuntimeError):  # a refused token, or the engine hit a limit
                 ok = False
             watched, valid = passes(text) if ok else (False, False)
@@ -305,8 +353,8 @@ def summarize(results, cases, engines) -> dict:
         times = [r["compile_ms"] for r in rows if r["compiled"] or r.get("timeout")]
         masks = [us for r in ok for us in r["mask_us"]]
         agg = {k: sum(r["counts"].get(k, 0) for r in ok)
-               for k in ("valid_grammar", "valid_accepted", "valid_to_user", "valid_total", "invalid_grammar",
-                         "invalid_accepted", "invalid_to_user", "invalid_total")}
+               for k in ("valid_grammar", "valid_accepted", "valid_to_user", "valid_as_written", "valid_total",
+                         "invalid_grammar", "invalid_accepted", "invalid_to_user", "invalid_total")}
         out[e] = {
             "schemas": len(rows),
             "compile_ok": len(ok),
@@ -413,16 +461,17 @@ def generation(cases) -> dict:
     for name, case in cases:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            state = continuous(generate.json(model, case["schema"]))("A JSON document:\n", max_tokens=256)
-            try:
-                value = state.value
-            except ValueError:
-                counts["raised"] += 1
-                continue
+            state = continuous(generate.json(model, case["schema"]))("A JSON document:\n", max_tokens=512)
+        counts[state.finish_reasons[0]] += 1
+        try:
+            value = state.value
+        except ValueError:
+            counts["raised"] += 1
+            continue
         counts["valid"] += 1
         counts["invalid_returned"] += not validator(case["schema"]).is_valid(value)
-        counts["finished"] += state.finish_reasons == ["eos"]
-    return {"schemas": len(cases), **{k: counts[k] for k in ("valid", "raised", "invalid_returned")}}
+    return {"schemas": len(cases), "finish_reasons": {k: counts[k] for k in ("eos", "length", "ban_exhausted")},
+            **{k: counts[k] for k in ("valid", "raised", "invalid_returned")}}
 
 
 if __name__ == "__main__":

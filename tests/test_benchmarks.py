@@ -123,3 +123,28 @@ def test_real_model_chat_forwards_what_the_ideal_loop_does_and_extracts_right():
     assert chat["tokens"]["continuous"] == chat["tokens"]["ideal"] and chat["same_answers_as_ideal"]
     assert extraction["correct_fields"] == "9/9"
     assert extraction["forward_calls"]["json_ff"] < extraction["forward_calls"]["json"]
+
+
+def test_jsonschema_counts_what_reaches_the_user(tmp_path):
+    """Three MaskBench-shaped cases: the default path relaxes one schema, catches its invalid
+    instance while decoding, and takes valid instances written in any member order."""
+    cases = {
+        "Plain---a.json": {"schema": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}},
+                           "tests": [{"data": {"b": "x", "a": 1}, "valid": True},
+                                     {"data": {"a": "x"}, "valid": False}]},
+        "Relaxed---b.json": {"schema": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+                             "tests": [{"data": [1, 2], "valid": True}, {"data": [1, 1], "valid": False}]},
+        "Relaxed---c.json": {"schema": {"type": "string", "not": {"const": "no"}},
+                             "tests": [{"data": "yes", "valid": True}, {"data": "no", "valid": False}]},
+    }
+    for name, case in cases.items():
+        (tmp_path / name).write_text(json.dumps(case))
+    proc = subprocess.run([sys.executable, str(BENCH / "jsonschema.py"), "--data", str(tmp_path), "--engines",
+                           "llguidance", "--full", "--generate", "2"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    f = result["engines"]["llguidance"]
+    assert (f["compile_ok"], f["compile_relaxed"]) == (3, 2)
+    assert f["valid_to_user"] == f["valid_total"] == 3 and f["valid_as_written"] == 2  # {"b", "a"}: schema order
+    assert f["invalid_grammar"] == 2 and f["invalid_accepted"] == 0 and f["invalid_to_user"] == 0
+    assert result["generation"]["schemas"] == 2 and result["generation"]["invalid_returned"] == 0
