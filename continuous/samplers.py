@@ -122,6 +122,10 @@ class Sampler:
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
+    def logprobs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The log-probabilities of the distribution the sampler draws from (what weights sum)."""
+        return torch.log_softmax(logits, dim=-1)
+
 
 @dataclass(frozen=True)
 class Greedy(Sampler):
@@ -133,7 +137,7 @@ class Greedy(Sampler):
         _check_count(self.samples, "samples")
 
     def __call__(self, logits, weights, rng=None):
-        logprobs = torch.log_softmax(logits, dim=-1)
+        logprobs = self.logprobs(logits)
         ids = logprobs.argmax(dim=-1)
         ancestors = torch.arange(logits.shape[0], device=logits.device)
         return ids, ancestors, weights + logprobs.gather(1, ids[:, None]).squeeze(1)
@@ -141,12 +145,13 @@ class Greedy(Sampler):
 
 @dataclass(frozen=True)
 class Multinomial(Sampler):
-    """Sampling with temperature, top-k and top-p (nucleus) filtering."""
+    """Sampling with temperature, top-k, top-p (nucleus) and min-p filtering."""
 
     samples: int = 1
     top_k: int | None = None
     top_p: float | None = None
     temperature: float = 1.0
+    min_p: float | None = None
     random = True
 
     def __post_init__(self):
@@ -157,10 +162,17 @@ class Multinomial(Sampler):
             _check_count(self.top_k, "top_k")
         if self.top_p is not None and not 0 < _check_real(self.top_p, "top_p") <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.min_p is not None and not 0 <= _check_real(self.min_p, "min_p") <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
-        """The logits after temperature, top-k and top-p."""
+        """The logits after temperature, top-k, top-p and min-p."""
         logits = logits / self.temperature
+        if self.min_p:
+            # A token stays when its probability is at least min_p times the likeliest one's.
+            logprobs = torch.log_softmax(logits, dim=-1)
+            floor = logprobs.max(dim=-1, keepdim=True).values + math.log(self.min_p)
+            logits = logits.masked_fill(logprobs < floor, -torch.inf)
         if self.top_k is not None and self.top_k < logits.shape[-1]:
             kth = torch.topk(logits, self.top_k, dim=-1).values[:, -1:]
             logits = logits.masked_fill(logits < kth, -torch.inf)
@@ -173,8 +185,11 @@ class Multinomial(Sampler):
             logits = logits.masked_fill(drop, -torch.inf)
         return logits
 
+    def logprobs(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.process(logits), dim=-1)
+
     def __call__(self, logits, weights, rng=None):
-        logprobs = torch.log_softmax(self.process(logits), dim=-1)
+        logprobs = self.logprobs(logits)
         # Inverse-CDF sampling from uniform draws of a CPU generator: the same seed gives
         # the same tokens whatever the device, and nothing but the draws crosses to it.
         if isinstance(rng, RowDraws):
@@ -206,7 +221,7 @@ class BeamSearch(Sampler):
         rows, vocab = logits.shape
         k = self.samples
         batch = rows // k
-        logprobs = torch.log_softmax(logits, dim=-1)
+        logprobs = self.logprobs(logits)
         scores = (weights[:, None] + logprobs).view(batch, k * vocab)
         top, flat = torch.topk(scores, k, dim=-1)
         ancestors = (flat // vocab + torch.arange(batch, device=logits.device)[:, None] * k).view(-1)
@@ -219,7 +234,7 @@ def greedy() -> Greedy:
 
 
 def multinomial(samples: int = 1, *, top_k: int | None = None, top_p: float | None = None,
-                temperature: float = 1.0) -> Multinomial:
+                temperature: float = 1.0, min_p: float | None = None) -> Multinomial:
     """Sampling from the model's distribution.
 
     Parameters
@@ -232,8 +247,10 @@ def multinomial(samples: int = 1, *, top_k: int | None = None, top_p: float | No
         Keep the smallest set of most likely tokens holding ``top_p`` of the mass.
     temperature
         Divides the logits before sampling.
+    min_p
+        Keep the tokens whose probability is at least ``min_p`` times the likeliest one's.
     """
-    return Multinomial(samples, top_k, top_p, temperature)
+    return Multinomial(samples, top_k, top_p, temperature, min_p)
 
 
 def beam_search(beams: int = 1) -> BeamSearch:

@@ -56,11 +56,11 @@ class SequenceState:
     batch_size, num_samples, model
     """
 
-    __slots__ = ("_rows", "_weights", "batch_size", "num_samples", "model", "_values", "_parse", "_reasons")
+    __slots__ = ("_rows", "_weights", "batch_size", "num_samples", "model", "_values", "_parse", "_reasons", "_logprobs")
 
     def __init__(self, model, rows: Rows, weights: torch.Tensor, batch_size: int, num_samples: int,
                  values: Sequence[str] | None = None, parse: Callable[[str], Any] | None = None,
-                 reasons: Sequence[str | None] | None = None):
+                 reasons: Sequence[str | None] | None = None, logprobs: Sequence[list] | None = None):
         if rows.n_rows != batch_size * num_samples:
             raise ValueError(f"{rows.n_rows} rows is not {batch_size} prompts x {num_samples} samples")
         init = object.__setattr__  # attributes are read-only once built (__setattr__ below)
@@ -72,6 +72,7 @@ class SequenceState:
         init(self, "_values", tuple(values) if values is not None else None)
         init(self, "_parse", parse)
         init(self, "_reasons", tuple(reasons) if reasons is not None else None)
+        init(self, "_logprobs", tuple(logprobs) if logprobs is not None else None)
 
     def __setattr__(self, name, value):
         raise AttributeError(f"a SequenceState is a value: its attribute {name!r} cannot be set "
@@ -160,6 +161,18 @@ class SequenceState:
         """
         return list(self._reasons) if self._reasons is not None else None
 
+    @property
+    def logprobs(self) -> list[list[tuple]] | None:
+        """Per row, for each token the most recent call generated: ``(text, logprob,
+        [(alternative_text, logprob), ...])``, when the call was given ``logprobs=k``
+        (else ``None``).
+
+        ``logprob`` is under the distribution the sampler drew from (after temperature,
+        top-k, top-p, min-p and the constraint): a row's log-probabilities sum to what the
+        call added to its weight. A token the constraint forced has log-probability 0.
+        """
+        return [list(r) for r in self._logprobs] if self._logprobs is not None else None
+
     def __iter__(self) -> Iterator[str]:
         """The full text of each row, in row order."""
         return iter(self._rows.texts)
@@ -192,13 +205,15 @@ class SequenceState:
         """The same state with its cache released: the next call recomputes everything."""
         return self._replace(self._rows.drop_cache())
 
-    def _replace(self, rows: Rows, weights=None, batch_size=None, num_samples=None, values=..., reasons=...):
+    def _replace(self, rows: Rows, weights=None, batch_size=None, num_samples=None, values=..., reasons=...,
+                 logprobs=...):
         return SequenceState(
             self.model, rows, self._weights if weights is None else weights,
             self.batch_size if batch_size is None else batch_size,
             self.num_samples if num_samples is None else num_samples,
             self._values if values is ... else values, self._parse,
             self._reasons if reasons is ... else reasons,
+            self._logprobs if logprobs is ... else logprobs,
         )
 
     # ------------------------------------------------------------------ indexing
@@ -215,6 +230,7 @@ class SequenceState:
                 self._rows.select(rows), self._weights.reshape(-1)[rows], len(batches), len(samples),
                 None if self._values is None else [self._values[r] for r in rows],
                 None if self._reasons is None else [self._reasons[r] for r in rows],
+                None if self._logprobs is None else [self._logprobs[r] for r in rows],
             )
         if isinstance(char_key, slice):
             try:

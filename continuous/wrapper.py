@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+import asyncio
+from typing import Any, Callable, Sequence
 
 import torch
 
-from .decode import Generation, Options, decode
+from .decode import Decoding, Generation, Options
 from .errors import SampleMismatch
 from .generate.base import SequenceGenerator, make
 from .layout import Rows
-from .samplers import Greedy, check_seed
+from .samplers import Greedy, Multinomial, Sampler, check_seed
 from .state import CutShort, SequenceState, shape_rows
 
-__all__ = ["ContinuousGenerator", "continuous"]
+__all__ = ["ContinuousGenerator", "Stream", "AsyncStream", "continuous"]
 
 
 def continuous(generator, *, fast_forward: bool = True) -> "ContinuousGenerator":
@@ -71,7 +72,10 @@ class ContinuousGenerator:
         return f"continuous({self.generator.kind} generator, sampler={self.generator.sampler})"
 
     def __call__(self, prompt, max_tokens: int | None = None, stop_at: str | Sequence[str] | None = None,
-                 seed: int | None = None, rng: torch.Generator | None = None, heal: bool = False) -> SequenceState:
+                 seed: int | None = None, rng: torch.Generator | None = None, heal: bool = False, *,
+                 sampler: Sampler | None = None, temperature: float | None = None, top_p: float | None = None,
+                 top_k: int | None = None, min_p: float | None = None, repetition_penalty: float | None = None,
+                 logits_processors: Sequence[Any] | None = None, logprobs: int | None = None) -> SequenceState:
         """Generate from prompts or continue a state.
 
         Parameters
@@ -91,26 +95,37 @@ class ContinuousGenerator:
             longer token could extend, and make the first generated tokens spell that text
             again; the result's text starts with the input's text, and ``value`` leaves the
             re-spelled text out. The crop keeps the cache.
+        sampler
+            This call's sampler instead of the generator's (same number of samples).
+        temperature, top_p, top_k, min_p
+            Shorthand for ``sampler=multinomial(...)`` with the generator's number of
+            samples; ``temperature=0`` alone means greedy.
+        repetition_penalty
+            transformers' repetition penalty (above 1 discourages the row's earlier tokens,
+            prompt included).
+        logits_processors
+            transformers ``LogitsProcessor`` objects (``(input_ids, scores) -> scores``),
+            run unchanged on each step's scores before the constraint; ``input_ids`` holds
+            each row's tokens, left-padded.
+        logprobs
+            Keep each generated token's log-probability and its ``logprobs`` likeliest
+            alternatives with theirs, in :attr:`SequenceState.logprobs`.
 
         Returns
         -------
         SequenceState
             The input continued; ``value`` holds this call's typed results.
         """
-        stream = self._stream(prompt, max_tokens=max_tokens, stop_at=stop_at, seed=seed, rng=rng, heal=heal)
-        while True:
-            try:
-                next(stream)
-            except StopIteration as done:
-                return done.value
+        return self._stream(prompt, max_tokens, stop_at, seed, rng, heal, sampler, temperature, top_p, top_k,
+                            min_p, repetition_penalty, logits_processors, logprobs).run()
 
-    def stream(self, prompt, max_tokens: int | None = None, stop_at: str | Sequence[str] | None = None,
-               seed: int | None = None, rng: torch.Generator | None = None, heal: bool = False) -> Iterator[Any]:
-        """Like ``__call__``, but yield the text of each new token as it is generated.
+    def stream(self, prompt, *args, **kwargs) -> "Stream":
+        """Like ``__call__`` (same arguments), but yield the text of each new token as it is generated.
 
         Each item is shaped like ``value``: a ``str`` for one row, else lists over rows
         (``""`` for a row that produced no text this step, e.g. a finished row). The
-        final SequenceState is the generator's return value (``StopIteration.value``).
+        returned :class:`Stream`'s ``state`` is the state so far, at any time: after the
+        last piece, after a ``break`` or after ``close()`` (its cache goes on from there).
 
         Raises
         ------
@@ -118,41 +133,74 @@ class ContinuousGenerator:
             With beam search: beams reorder at every step, so a piece would not say which
             text it extends; call the generator instead.
         """
-        if self.generator.sampler.joint and self.generator.sampler.samples > 1:
+        stream = self._stream(prompt, *args, **kwargs)
+        if stream.sampler.joint and stream.sampler.samples > 1:
             raise ValueError("beam search cannot stream: beams reorder at every step, so a piece would not "
                              "extend a fixed row; call the generator to get the final beams")
-        return self._stream(prompt, max_tokens=max_tokens, stop_at=stop_at, seed=seed, rng=rng, heal=heal)
+        return stream
 
-    def _stream(self, prompt, max_tokens, stop_at, seed, rng, heal) -> Iterator[Any]:
-        model, sampler = self.generator.model, self.generator.sampler
+    async def acall(self, prompt, *args, **kwargs) -> SequenceState:
+        """``__call__`` for asyncio: each step runs in a worker thread, off the event loop.
+
+        Cancelling the task stops the generation after the step under way; the input
+        state is unchanged and usable.
+        """
+        stream = self._stream(prompt, *args, **kwargs)
+        while True:
+            done, item = await stream.astep()
+            if done:
+                return item
+
+    def astream(self, prompt, *args, **kwargs) -> "AsyncStream":
+        """``stream`` for asyncio: ``async for piece in gen.astream(...)``, each step in a worker
+        thread; its ``state`` is the state so far, as for :meth:`stream`."""
+        return AsyncStream(self.stream(prompt, *args, **kwargs))
+
+    def _stream(self, prompt, max_tokens=None, stop_at=None, seed=None, rng=None, heal=False, sampler=None,
+                temperature=None, top_p=None, top_k=None, min_p=None, repetition_penalty=None,
+                logits_processors=None, logprobs=None) -> "Stream":
+        """Check a call's arguments (now, not when the steps run) and return its steps."""
+        model = self.generator.model
+        sampler = self._sampler(sampler, temperature, top_p, top_k, min_p)
         rows, weights, batch_size, samples_in = self._rows_of(prompt)
         samples = sampler.samples
-        if samples_in != samples:
-            if samples_in != 1:
-                raise SampleMismatch(f"the state has {samples_in} samples per prompt and the generator's "
-                                     f"sampler makes {samples}")
-        max_tokens = _check_max_tokens(max_tokens)
-        stop_at = _check_stop_at(stop_at)
-        rng = _check_rng(seed, rng)
-        options = Options(max_tokens=max_tokens, stop_at=stop_at, rng=rng, fast_forward=self.fast_forward,
-                          bans=self.generator.ban, heal=bool(heal), fork=samples if samples_in == 1 else 1)
-        steps = decode(model, rows, weights.reshape(-1), self.generator.constraint, sampler, options)
-        # Arguments are checked above, when stream() is called; the steps run when iterated.
-        return self._run(steps, batch_size, samples)
+        if samples_in not in (1, samples):
+            raise SampleMismatch(f"the state has {samples_in} samples per prompt and the sampler makes {samples}")
+        options = Options(max_tokens=_check_max_tokens(max_tokens), stop_at=_check_stop_at(stop_at),
+                          rng=_check_rng(seed, rng), fast_forward=self.fast_forward, bans=self.generator.ban,
+                          heal=bool(heal), fork=samples if samples_in == 1 else 1,
+                          processors=_processors(repetition_penalty, logits_processors),
+                          logprobs=_check_logprobs(logprobs))
 
-    def _run(self, steps, batch_size: int, samples: int) -> Iterator[Any]:
-        while True:
-            try:
-                pieces = next(steps)
-            except StopIteration as done:
-                result: Generation = done.value
-                break
-            yield shape_rows([p or "" for p in pieces], batch_size, samples)
-        texts = result.texts
-        if result.complete is not None:
-            texts = [t if t is None or whole else CutShort(t) for t, whole in zip(texts, result.complete)]
-        return SequenceState(self.generator.model, result.rows, result.weights, batch_size, samples,
-                             texts, self.generator.parse, result.reasons)
+        def start() -> Decoding:
+            return Decoding(model, rows, weights.reshape(-1), self.generator.constraint, sampler, options)
+
+        def state(result: Generation) -> SequenceState:
+            texts = result.texts
+            if result.complete is not None:
+                texts = [t if t is None or whole else CutShort(t) for t, whole in zip(texts, result.complete)]
+            return SequenceState(model, result.rows, result.weights, batch_size, samples, texts,
+                                 self.generator.parse, result.reasons, result.logprobs)
+
+        return Stream(start, state, lambda pieces: shape_rows([p or "" for p in pieces], batch_size, samples),
+                      sampler)
+
+    def _sampler(self, sampler, temperature, top_p, top_k, min_p) -> Sampler:
+        """The call's sampler: ``sampler``, the shorthand's multinomial, or the generator's."""
+        shorthand = {k: v for k, v in dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p).items()
+                     if v is not None}
+        if sampler is not None:
+            if shorthand:
+                raise ValueError(f"give sampler= or {', '.join(shorthand)}, not both")
+            if not isinstance(sampler, Sampler):
+                raise TypeError(f"sampler must come from continuous.samplers, got {type(sampler).__name__}")
+            return sampler
+        if not shorthand:
+            return self.generator.sampler
+        samples = self.generator.sampler.samples
+        if shorthand == {"temperature": 0}:
+            return Greedy(samples)
+        return Multinomial(samples, **shorthand)
 
     def _rows_of(self, prompt) -> tuple[Rows, torch.Tensor, int, int]:
         model = self.generator.model
@@ -199,3 +247,124 @@ def _check_rng(seed, rng):
     if rng is not None and not isinstance(rng, torch.Generator):
         raise TypeError(f"rng must be a torch.Generator, got {type(rng).__name__}")
     return rng
+
+
+def _check_logprobs(k):
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"logprobs must be a non-negative int (alternatives per token) or None, got {k!r}")
+    return k
+
+
+def _processors(repetition_penalty, logits_processors) -> tuple:
+    processors = list(logits_processors or ())
+    if not all(callable(p) for p in processors):
+        raise TypeError("logits_processors must be callables (input_ids, scores) -> scores, such as "
+                        "transformers LogitsProcessor objects")
+    if repetition_penalty is not None:
+        from transformers import RepetitionPenaltyLogitsProcessor
+
+        processors.insert(0, RepetitionPenaltyLogitsProcessor(float(repetition_penalty)))
+    return tuple(processors)
+
+
+class Stream:
+    """A generation's text pieces as they come (iterate it), and ``state``: the state so far.
+
+    Iterating it ends with ``StopIteration`` whose ``value`` is the final state, as a
+    generator's return value.
+    """
+
+    def __init__(self, start: Callable[[], Decoding], state: Callable[[Generation], SequenceState],
+                 shape: Callable[[list], Any], sampler: Sampler):
+        self._start, self._state, self._shape, self.sampler = start, state, shape, sampler
+        self._decoding: Decoding | None = None
+        self._steps = None
+        self._snapshot: SequenceState | None = None
+        self._final: SequenceState | None = None
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> Any:
+        done, item = self.step()
+        if done:
+            raise StopIteration(item)
+        return item
+
+    def step(self) -> tuple[bool, Any]:
+        """``(False, piece)`` for the next piece, or ``(True, final_state)`` once done."""
+        if self._final is not None:
+            return True, self._final
+        if self._steps is None:
+            self._steps = iter(self._started())
+        try:
+            pieces = next(self._steps)
+        except StopIteration:
+            self._final = self._state(self._decoding.result())
+            return True, self._final
+        self._snapshot = None
+        return False, self._shape(pieces)
+
+    def run(self) -> SequenceState:
+        """Every step; the final state."""
+        while True:
+            done, item = self.step()
+            if done:
+                return item
+
+    async def astep(self) -> tuple[bool, Any]:
+        """:meth:`step` in a worker thread. Cancelled, the generation stops after the step under way."""
+        running = asyncio.get_running_loop().run_in_executor(None, self.step)
+        try:
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            # The step cannot be interrupted: let it end, then close, so that nothing runs on after.
+            await asyncio.wait([running])
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop generating; ``state`` keeps what was generated."""
+        if self._steps is not None:
+            self._steps.close()
+        if self._final is None and self._decoding is not None:
+            self._final = self.state
+
+    @property
+    def state(self) -> SequenceState:
+        """The state so far: the input (prefilled) before the first piece, then up to the last piece."""
+        if self._final is not None:
+            return self._final
+        if self._snapshot is None:
+            self._snapshot = self._state(self._started().result())
+        return self._snapshot
+
+    def _started(self) -> Decoding:
+        if self._decoding is None:
+            self._decoding = self._start()
+        return self._decoding
+
+
+class AsyncStream:
+    """:class:`Stream` for ``async for``; each step runs in a worker thread."""
+
+    def __init__(self, stream: Stream):
+        self._stream = stream
+
+    def __aiter__(self) -> "AsyncStream":
+        return self
+
+    async def __anext__(self) -> Any:
+        done, item = await self._stream.astep()
+        if done:
+            raise StopAsyncIteration
+        return item
+
+    async def aclose(self) -> None:
+        self._stream.close()
+
+    @property
+    def state(self) -> SequenceState:
+        return self._stream.state

@@ -10,7 +10,7 @@
 - :mod:`.overlap`: the host transfer and the step queued behind it.
 """
 
-from .loop import Generation, Options, decode
+from .loop import Decoding, Generation, Options
 from .prefill import top_up
 
-__all__ = ["Generation", "Options", "decode", "top_up"]
+__all__ = ["Decoding", "Generation", "Options", "top_up"]

@@ -12,6 +12,7 @@ to know: the chosen ids (and, for beams, which rows they extend).
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -26,10 +27,10 @@ from .constraints import RowConstraints
 from .grid import Grid
 from .overlap import Queued, to_host
 from .prefill import check_context, top_up
-from .processors import Banned, Constrained, Finished, Forced, ForkRanking, Scores, run
+from .processors import Banned, Constrained, External, Finished, Forced, ForkRanking, Scores, run
 from .rows import MAX_REWINDS, RowState, StopStrings, warn_exhausted
 
-__all__ = ["Generation", "Options", "Decoding", "decode"]
+__all__ = ["Generation", "Options", "Decoding"]
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Generation:
     # None for a beam that was left with no allowed token)
     complete: list[bool] | None = None  # per row, whether the constraint accepts the text (None: free text)
     reasons: list[str | None] | None = None  # per row, why it stopped: eos, stop, length, context, ban_exhausted
+    logprobs: list[list[tuple]] | None = None  # per row and generated token: (text, logprob, top alternatives)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,12 @@ class Options:
         the first generated tokens spell them again (:mod:`continuous.heal`).
     fork
         Each row becomes ``fork`` rows after the top-up (samples share the prefix's cache).
+    processors
+        transformers ``LogitsProcessor`` objects (``(input_ids, scores) -> scores``), run on
+        the model's scores before the constraint.
+    logprobs
+        Record each generated token's log-probability and this many likeliest alternatives
+        (``None``: record nothing).
     """
 
     max_tokens: int | None = None
@@ -75,38 +83,13 @@ class Options:
     bans: Any = None
     heal: bool = False
     fork: int = 1
-
-
-def decode(model, rows: Rows, weights: torch.Tensor, constraint, sampler: Sampler,
-           options: Options = Options()) -> Iterator[list[str | None]]:
-    """Generate for every row; yields each step's text pieces, returns a :class:`Generation`.
-
-    Parameters
-    ----------
-    model
-        The backend.
-    rows, weights
-        The sequences to continue and their cumulative log-probabilities ``[rows]``.
-    constraint
-        The :class:`~continuous.engines.Constraint` of the new text, or ``None``.
-    sampler
-        Chooses tokens; beam search ranks the rows of each prompt together.
-    options
-        The call's :class:`Options`.
-
-    Yields
-    ------
-    list
-        Per row, the text that may be streamed now (held back while it could still become
-        a banned match), or ``None`` for a finished row.
-    """
-    decoding = Decoding(model, rows, weights, constraint, sampler, options)
-    yield from decoding
-    return decoding.result()
+    processors: Sequence[Any] = ()
+    logprobs: int | None = None
 
 
 class Decoding:
-    """One call over rows: iterate it for each step's text pieces, then read :meth:`result`.
+    """One call over rows: iterate it for each step's text pieces (per row, the text that may
+    be streamed now, ``None`` once finished), then read :meth:`result`.
 
     Building it prepares the rows: healing crops them, the cache is topped up, rows fork.
     """
@@ -145,9 +128,14 @@ class Decoding:
             if self.constraints.done(r) or self.steps <= 0:
                 row.finish("eos" if self.constraints.done(r) else self.limit)
         self.grid = Grid(rows, device)
+        self.unforwarded: list[list[int]] | None = None  # the last step's tokens, until forwarded
+        self.warned = False
+        self.token_texts: dict[int, str] = {}
         self.stops = StopStrings(options.stop_at)
         sentinel = eos if eos is not None else next(iter(self.eos), 0)
         self.processors = [Constrained(self.constraints), Forced(), Banned(), Finished(sentinel)]
+        if options.processors:
+            self.processors.insert(0, External(options.processors, self.pad))
         self.draws = RowDraws(n, options.rng) if sampler.random else None
         if sampler.joint and options.fork > 1:
             self.processors.append(ForkRanking(options.fork))
@@ -182,33 +170,35 @@ class Decoding:
             ids_h, ancestors_h, dead = read()
             if ancestors_h != identity:
                 self._reorder(ancestors_h, ancestors)
-            chunks, rewound = self._advance(ids_h, dead, step)
+            chunks, rewound = self._advance(ids_h, dead, step, self._read_logprobs(scores, ancestors))
             step += 1
-            try:
-                yield [row.release() for row in self.rows]
-            except GeneratorExit:
-                if queued is not None:
-                    queued.give_back(count=False)
-                raise
             # The common step (one sampled token per row, as sampled) takes the ids where
             # they already are: no host-to-device copy, which would wait for the device.
             plain = all(c == [t] for c, t in zip(chunks, ids_h))
             slots, new_ids = self.grid.append(chunks, plain, any(row.rewinds for row in self.rows))
             for row, taken in zip(self.rows, slots):
                 row.slots.extend(taken)
+            self.unforwarded = chunks  # until the forward below: a snapshot's rows recompute them
+            try:
+                yield [row.release() for row in self.rows]
+            except GeneratorExit:
+                if queued is not None:
+                    queued.give_back(count=False)
+                raise
             if rewound:
                 self.model.stats.record_rewound(rewound)
             finished = all(row.finished for row in self.rows)
             if queued is not None:
                 if plain and self.grid.all_real and ancestors_h == identity and not finished:
                     self.logits, self.cache = queued.take()
+                    self.unforwarded = None
                     continue
                 queued.give_back()
             if finished:
-                self.logits_ok = [ok and not c for ok, c in zip(self.logits_ok, chunks)]
                 break
             if any(chunks):  # else every row went back to the start of the call: its logits are kept
                 self._forward(ids[:, None] if plain else new_ids, sum(map(len, chunks)), plain)
+            self.unforwarded = None
         for row in self.rows:  # a character left incomplete ends the text as replacement characters
             row.flush()
         last = [row.release() for row in self.rows]
@@ -234,10 +224,12 @@ class Decoding:
         self.rows = [self.rows[a].copy() for a in rows]
         self.logits_ok = [self.logits_ok[a] for a in rows]
 
-    def _advance(self, ids: list[int], dead: list[int], step: int) -> tuple[list[list[int]], int]:
+    def _advance(self, ids: list[int], dead: list[int], step: int, logprobs: list | None
+                 ) -> tuple[list[list[int]], int]:
         """Each row takes its sampled token, then any the constraint forces (fast-forward), and
         rewinds on a banned match; returns each row's tokens to forward and the forwarded tokens
-        rewinds took back."""
+        rewinds took back. ``logprobs`` holds, per row, the sampled token's log-probability
+        and the top alternatives, when the call records them."""
         chunks, rewound = [], 0
         for r, t in enumerate(ids):
             row = self.rows[r]
@@ -256,7 +248,7 @@ class Decoding:
             if t in self.eos:
                 row.finish("eos")
             else:
-                chunk, matches = self._take(r, t, step)
+                chunk, matches = self._take(r, t, step, logprobs[r] if logprobs is not None else None)
             if row.finished and not matches:
                 matches = row.ending()  # a phrase at the very end waited for what follows
             if matches:
@@ -265,7 +257,7 @@ class Decoding:
             chunks.append(chunk)
         return chunks, rewound
 
-    def _take(self, r: int, t: int, step: int) -> tuple[list[int], list[tuple]]:
+    def _take(self, r: int, t: int, step: int, logprob: tuple | None) -> tuple[list[int], list[tuple]]:
         """Row ``r`` takes token ``t``, then any the constraint forces (fast-forward); returns
         them and the banned matches they make."""
         row, chunk = self.rows[r], [t]
@@ -275,6 +267,9 @@ class Decoding:
         while True:
             self.constraints.advance(r, chunk[-1])
             matches = row.add(chunk[-1], sampled, self.stops)
+            if logprob is not None:
+                # A forced token was the only one allowed: probability 1, whatever the steps.
+                row.logprobs.append(logprob if sampled is not None else (0.0, [(chunk[-1], 0.0)]))
             sampled = None
             if self.constraints.done(r):
                 row.finish("eos")
@@ -329,26 +324,54 @@ class Decoding:
                                                 logits_to_keep=1, n_real=n_real, holes=grid.holes)
         self.logits = logits[:, -1] if plain else torch.where(grid.last_real[:, -1:], logits[:, -1], self.logits)
 
+    def _read_logprobs(self, scores: Scores, ancestors: torch.Tensor) -> list | None:
+        """Per row, the sampled token's log-probability (what its weight gained) and the
+        ``options.logprobs`` likeliest tokens with theirs, under the sampler's distribution."""
+        k = self.options.logprobs
+        if k is None:
+            return None
+        step = self.step_logprobs[-1].tolist()
+        top = self.sampler.logprobs(scores.logits)[ancestors].topk(min(k, scores.logits.shape[-1]), dim=-1)
+        alternatives = [[(t, v) for t, v in zip(ids, values) if v > -math.inf]
+                        for ids, values in zip(top.indices.tolist(), top.values.tolist())]
+        return list(zip(step, alternatives))
+
     def result(self) -> Generation:
-        """What the call produced, once iterated."""
-        for row in self.rows:
+        """What the call produced: once iterated, its result; between two steps, or after the
+        iteration stopped early, what it produced so far (the next call forwards the newest
+        tokens, which this call did not)."""
+        rows = [row.copy() for row in self.rows]  # flushing here must leave the running rows as they are
+        for row in rows:
             row.flush()
         token_ids, mask = self.grid.layout()
-        texts = tuple(row.full_text for row in self.rows)
-        ends = tuple(row.full_ends() for row in self.rows)
-        out = Rows(token_ids, mask, self.cache, texts, ends, self.logits, tuple(self.logits_ok), self.pad)
+        texts = tuple(row.full_text for row in rows)
+        ends = tuple(row.full_ends() for row in rows)
+        ok = self.logits_ok if self.unforwarded is None else [
+            ok and not c for ok, c in zip(self.logits_ok, self.unforwarded)]
+        out = Rows(token_ids, mask, self.cache, texts, ends, self.logits, tuple(ok), self.pad)
         # Trim columns no row uses, cut rows whose last token ran past a stop string, and give
         # back as text what healing removed and the call ended before spelling again.
-        cuts, unspelled = [row.cut for row in self.rows], [row.unspelled for row in self.rows]
+        cuts, unspelled = [row.cut for row in rows], [row.unspelled for row in rows]
         if any(c < len(t) for c, t in zip(cuts, texts)) or any(unspelled):
             out = out.with_text(self.tokenizer, cuts, unspelled)
         else:
             out = out.edit([(len(e), [], [], t) for e, t in zip(ends, texts)])
         matchers = self.constraints.matchers
         complete = [m.accepting() for m in matchers] if matchers is not None else None
-        reasons = [row.reason for row in self.rows]
-        if "context" in reasons:
+        reasons = [row.reason for row in rows]
+        if "context" in reasons and not self.warned:
+            self.warned = True
             warnings.warn(f"the model's context ({self.model.max_length} tokens) cut rows "
                           f"{[r for r, why in enumerate(reasons) if why == 'context']} short", ContextWarning,
                           stacklevel=4)
-        return Generation(out, self.weights.cpu(), [row.value_text for row in self.rows], complete, reasons)
+        logprobs = None if self.options.logprobs is None else [self._logprob_texts(row.logprobs, row.tokens)
+                                                               for row in rows]
+        return Generation(out, self.weights.cpu(), [row.value_text for row in rows], complete, reasons, logprobs)
+
+    def _logprob_texts(self, records: list, tokens: list[int]) -> list[tuple]:
+        """``(text, logprob, [(text, logprob), ...])`` per generated token."""
+        text = self.token_texts
+        for t in tokens + [a for _, alts in records for a, _ in alts]:
+            if t not in text:
+                text[t] = self.tokenizer.decode([t])
+        return [(text[t], lp, [(text[a], alp) for a, alp in alts]) for t, (lp, alts) in zip(tokens, records)]

@@ -2,7 +2,8 @@
 
 A processor takes the step's :class:`Scores` and changes its ``logits`` (the next
 token's scores per row) or its ``rank`` (the weights the sampler ranks rows with). The
-loop runs them in order: the constraint, the bans, finished rows, then beam ranking.
+loop runs them in order: the user's processors, the constraint, forced tokens, the
+bans, finished rows, then beam ranking.
 Everything stays on the logits' device.
 """
 
@@ -17,7 +18,7 @@ import torch
 from .constraints import RowConstraints
 from .rows import RowState
 
-__all__ = ["Scores", "Processor", "Constrained", "Forced", "Banned", "Finished", "ForkRanking", "run"]
+__all__ = ["Scores", "Processor", "External", "Constrained", "Forced", "Banned", "Finished", "ForkRanking", "run"]
 
 
 @dataclass
@@ -45,6 +46,26 @@ class Scores:
 class Processor(Protocol):
     def __call__(self, scores: Scores) -> None:
         """Change ``scores.logits`` or ``scores.rank`` (replace the tensors; never write in place)."""
+
+
+class External:
+    """transformers ``LogitsProcessor`` objects, run unchanged on the model's scores.
+
+    They see what they see inside ``model.generate``: ``input_ids`` ``[rows, length]``
+    (each row's tokens, left-padded with ``pad`` to the longest) and the scores.
+    """
+
+    def __init__(self, processors, pad: int):
+        self.processors, self.pad = list(processors), pad
+
+    def __call__(self, scores: Scores) -> None:
+        ids = [row.context + row.tokens for row in scores.rows]
+        width = max(map(len, ids))
+        input_ids = torch.tensor([[self.pad] * (width - len(i)) + i for i in ids], device=scores.logits.device)
+        logits = scores.logits.clone()  # some processors write in place; the loop's logits stay as they were
+        for processor in self.processors:
+            logits = processor(input_ids, logits)
+        scores.logits = logits
 
 
 class Constrained:

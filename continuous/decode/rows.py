@@ -58,7 +58,7 @@ class RowState:
 
     __slots__ = ("input", "base_text", "base_ends", "context", "detok", "ends", "text", "pending", "finished", "reason", "stop",
                  "dead", "tokens", "steps", "slots", "released", "bans", "watchers", "rewinds", "healed", "dangling",
-                 "dangling_end", "forced_next")
+                 "dangling_end", "forced_next", "logprobs")
 
     def __init__(self, tokenizer, ids: list[int], text: str, ends: Sequence[int], watchers=(), healed: str = ""):
         hanging = dangling(tokenizer, ids)
@@ -86,6 +86,7 @@ class RowState:
         self.watchers = list(watchers)
         self.rewinds = 0
         self.forced_next: int | None = None  # the token the constraint forces next, taken at the next step
+        self.logprobs: list[tuple] = []  # per token, when the call records them: (logprob, [(id, logprob)])
 
     def _detokenizer(self, tokenizer, tokens: list[int]) -> Detokenizer:
         cut = len(self.context) - self.dangling
@@ -98,7 +99,7 @@ class RowState:
         new = RowState.__new__(RowState)
         for name in self.__slots__:
             setattr(new, name, getattr(self, name))
-        for name in ("ends", "tokens", "steps", "slots"):
+        for name in ("ends", "tokens", "steps", "slots", "logprobs"):
             setattr(new, name, list(getattr(self, name)))
         new.bans = {k: dict(v) for k, v in self.bans.items()}
         new.detok = self.detok.copy()
@@ -176,7 +177,7 @@ class RowState:
             return None
         here[first] = factor
         undone = Rewind(keep, len(self.tokens) - keep, self.steps[keep:], self.slots[keep:])
-        del self.tokens[keep:], self.steps[keep:], self.slots[keep:], self.ends[keep:]
+        del self.tokens[keep:], self.steps[keep:], self.slots[keep:], self.ends[keep:], self.logprobs[keep:]
         self.text = self.text[: self.ends[-1]] if self.ends else ""
         self.pending = 0
         self.detok = self._detokenizer(tokenizer, self.tokens)
