@@ -1,0 +1,125 @@
+"""Streams keep their state, and the async forms of a call and a stream."""
+
+import asyncio
+
+import pytest
+
+from continuous import continuous, generate
+from continuous.state import SequenceState
+
+
+@pytest.fixture(scope="module")
+def gen(model):
+    return continuous(generate.text(model))
+
+
+def test_the_state_after_a_break_holds_what_was_streamed(model, gen):
+    prompt = gen("Once upon a time", max_tokens=0)
+    stream = gen.stream(prompt, max_tokens=20)
+    pieces = []
+    for piece in stream:
+        pieces.append(piece)
+        if len(pieces) == 4:
+            break
+    state = stream.state
+    assert isinstance(state, SequenceState)
+    assert str(state) == str(prompt) + "".join(pieces)
+    # The cache covers all but the newest token: going on forwards only that one and the new ones.
+    before = model.stats.tokens_forwarded
+    more = gen(state, max_tokens=6)
+    assert model.stats.tokens_forwarded - before == 1 + 6 - 1
+    assert str(more) == str(gen(prompt, max_tokens=10))
+
+
+def test_close_keeps_the_state_and_ends_the_iteration(gen):
+    stream = gen.stream("The dog", max_tokens=30)
+    first = next(stream)
+    stream.close()
+    assert str(stream.state) == "The dog" + first
+    with pytest.raises(StopIteration):
+        next(stream)
+    assert str(gen(stream.state, max_tokens=3)) == str(gen("The dog", max_tokens=4))
+
+
+def test_the_final_state_is_the_stream_s_state_and_its_return_value(gen):
+    stream = gen.stream(["a b", "c"], max_tokens=5)
+    pieces = list(stream)
+    final = stream.state
+    assert [str(t) for t in final] == [p + "".join(x[r] for x in pieces) for r, p in enumerate(["a b", "c"])]
+    assert list(final) == list(gen(["a b", "c"], max_tokens=5))
+    with pytest.raises(StopIteration) as done:
+        next(stream)
+    assert done.value.value is final
+
+
+def test_the_state_before_the_first_piece_is_the_prefilled_input(model, gen):
+    stream = gen.stream("Hello there", max_tokens=5)
+    start = stream.state
+    assert str(start) == "Hello there"
+    assert int(start.cached_lengths[0]) == len(start.token_ids[0])  # prefilled: nothing left to forward
+    assert "".join(stream) == str(gen("Hello there", max_tokens=5))[len("Hello there"):]
+
+
+def test_a_stream_with_a_constraint_gives_a_state_whose_value_says_cut_short(model):
+    gen = continuous(generate.json(model, {"type": "object", "properties": {"a": {"type": "integer"}}}))
+    stream = gen.stream("JSON:", max_tokens=40)
+    next(stream)
+    stream.close()
+    with pytest.raises(ValueError, match="cut short"):
+        stream.state.value
+    assert stream.state.finish_reasons == [None]
+
+
+def test_acall_and_astream_give_what_the_sync_forms_give(gen):
+    async def main():
+        state = await gen.acall(["one", "two"], max_tokens=6)
+        stream = gen.astream("three", max_tokens=6)
+        pieces = [p async for p in stream]
+        return state, pieces, stream.state
+
+    state, pieces, final = asyncio.run(main())
+    assert list(state) == list(gen(["one", "two"], max_tokens=6))
+    assert "three" + "".join(pieces) == str(final) == str(gen("three", max_tokens=6))
+
+
+def test_a_cancelled_call_leaves_its_input_usable(model, gen):
+    prompt = gen("A long story:", max_tokens=2)
+    expected = str(gen(prompt, max_tokens=5))
+
+    async def main():
+        task = asyncio.create_task(gen.acall(prompt, max_tokens=400))
+        while model.stats.forward_calls == calls:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        after = model.stats.forward_calls
+        await asyncio.sleep(0.05)
+        assert model.stats.forward_calls == after  # nothing runs on after the cancel
+
+    calls = model.stats.forward_calls
+    asyncio.run(main())
+    assert str(gen(prompt, max_tokens=5)) == expected
+
+
+def test_breaking_an_async_stream_keeps_its_state(gen):
+    async def main():
+        stream = gen.astream("Tell me", max_tokens=20)
+        got = []
+        async for piece in stream:
+            got.append(piece)
+            if len(got) == 3:
+                break
+        await stream.aclose()
+        return got, stream.state
+
+    got, state = asyncio.run(main())
+    assert str(state) == "Tell me" + "".join(got)
+    assert str(gen(state, max_tokens=2)) == str(gen("Tell me", max_tokens=5))
+
+
+def test_stream_arguments_are_checked_when_called(gen):
+    with pytest.raises(ValueError, match="max_tokens"):
+        gen.astream("a", max_tokens=-1)
+    with pytest.raises(TypeError):
+        gen.stream("a", temprature=0.5)
