@@ -22,9 +22,9 @@ from __future__ import annotations
 import random
 
 import torch
+from common import emit, median, random_text, setup, timed
 from transformers import DynamicCache
 
-from common import emit, median, random_text, setup, timed
 from continuous import continuous, generate, samplers
 from continuous.ban import BanList
 

@@ -20,6 +20,7 @@ if sys.path and os.path.realpath(sys.path[0] or ".") == str(ROOT):
 sys.path.append(str(ROOT.parent / "tests"))  # the test tools: models and real tokenizers built offline
 
 import torch  # noqa: E402
+
 MODELS = ROOT / ".models"
 RESULTS = ROOT / "results"
 
@@ -50,9 +51,8 @@ def reference_model(size: str):
 
     Returns (HF model, tokenizer, path).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from support.models import build_model_dir
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = build_model_dir(MODELS / size, size=size, seed=0)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

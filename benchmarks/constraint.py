@@ -8,9 +8,9 @@ call of one token) is subtracted from its calls.
 
 from __future__ import annotations
 
+from common import count_positions, emit, median, random_text, setup, timed
 from pydantic import BaseModel
 
-from common import setup, count_positions, emit, median, random_text, timed
 from continuous import continuous, generate
 from continuous.engines import caches
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 
 import torch
+from common import emit, median, random_text, setup, timed
 from transformers import DynamicCache
 
-from common import setup, emit, median, random_text, timed
 from continuous import continuous, generate
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from common import emit, median, random_text, setup, timed
 from constraint import Item
+
 from continuous import continuous, generate
 
 

@@ -13,8 +13,8 @@ torch's kernels reach on these cores, with no model around them.
 from __future__ import annotations
 
 import torch
+from common import emit, median, random_text, setup, timed
 
-from common import setup, emit, median, random_text, timed
 from continuous import continuous, generate
 
 

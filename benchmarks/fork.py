@@ -5,7 +5,8 @@
 
 from __future__ import annotations
 
-from common import setup, count_positions, emit, median, random_text, timed
+from common import count_positions, emit, median, random_text, setup, timed
+
 from continuous import continuous, generate, samplers
 
 

@@ -33,8 +33,8 @@ import argparse
 import time
 
 import torch
-
 from common import emit, median, random_text
+
 from continuous import continuous, generate, models, samplers
 
 LLAMA_1B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
@@ -54,9 +54,8 @@ def parse_args():
 
 
 def build(device: str, quick: bool):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from support.models import real_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = real_tokenizer("llama-bpe")
     dtype = torch.bfloat16 if device == "cuda" else torch.float32

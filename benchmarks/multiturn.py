@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 
 import torch
+from common import count_positions, emit, median, random_text, setup, timed
 from pydantic import BaseModel
 from transformers import DynamicCache
 
-from common import setup, count_positions, emit, median, random_text, timed
 from continuous import continuous, generate
 
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 
 import torch
+from common import emit, median, timed
 from pydantic import BaseModel
+from support.real import smollm2
 from transformers import DynamicCache
 
-from common import emit, median, timed
 from continuous import chat, continuous, generate, models
-from support.real import smollm2
 
 QUESTIONS = ["What is the capital of France?", "And of Italy?", "And of Japan?", "Which is the largest?",
              "How many people live there?", "Name a famous dish from there.", "What language is spoken there?",

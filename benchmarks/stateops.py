@@ -22,7 +22,8 @@ from __future__ import annotations
 import random
 import warnings
 
-from common import setup, emit, median, random_text, timed
+from common import emit, median, random_text, setup, timed
+
 from continuous import CacheResetWarning, continuous, generate
 
 

@@ -15,8 +15,8 @@ import threading
 import time
 
 import torch
-
 from common import emit, median, random_text, setup, timed
+
 from continuous import continuous, generate, models
 from continuous.demo.swarm import Swarm
 

@@ -27,14 +27,14 @@ import tempfile
 import threading
 
 import torch
+from common import emit, parse_args, random_text, reference_model
 from hivemind.p2p import PeerID
-
-from common import emit, random_text, reference_model, parse_args
-from continuous.remote.client.bridge import DistributedModelForCausalLM
-from continuous.demo.swarm import Swarm
-from continuous.remote.wire.protocol import default_dht_prefix
-from continuous.remote.client.routing import SwarmClient
 from support.stress import Chaos, budget_in_use, fuzz, greedy_clients
+
+from continuous.demo.swarm import Swarm
+from continuous.remote.client.bridge import DistributedModelForCausalLM
+from continuous.remote.client.routing import SwarmClient
+from continuous.remote.wire.protocol import default_dht_prefix
 
 CACHE_BYTES = 2**30
 REPEATS = 5

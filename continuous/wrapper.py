@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -17,24 +19,30 @@ from .state import CutShort, SequenceState, shape_rows
 __all__ = ["ContinuousGenerator", "Stream", "AsyncStream", "continuous"]
 
 
-def continuous(generator, *, fast_forward: bool = True) -> "ContinuousGenerator":
+def continuous(generator, *, fast_forward: bool = True, output_type: Any = None) -> "ContinuousGenerator":
     """Wrap a generator so that it takes and returns :class:`~continuous.state.SequenceState`.
 
     Parameters
     ----------
     generator
         A generator from ``continuous.generate``, or an outlines 1.x ``outlines.Generator``
-        built on ``outlines.from_transformers(...)`` (its ``Index`` is reused; ``value``
-        is then the generated string).
+        built on ``outlines.from_transformers(...)``, with the ``outlines_core`` backend
+        (its ``Index`` is reused) or the ``llguidance`` one (its grammar is compiled
+        here: JSON whitespace is then bounded as in ``generate.json``, and a JSON
+        ``value`` is parsed and validated).
     fast_forward
         Where the constraint allows exactly one continuation, forward those tokens with
         the sampled one in a single call (the text and tokens are the same as one by one;
         ``model.stats.forward_calls`` shows the saving).
+    output_type
+        For an outlines generator (which does not keep it): the Python type its output
+        type was, so that ``value`` comes back as that type (read as JSON, else from the
+        text as pydantic reads strings).
     """
-    return ContinuousGenerator(generator, fast_forward=fast_forward)
+    return ContinuousGenerator(generator, fast_forward=fast_forward, output_type=output_type)
 
 
-def _from_outlines(generator) -> SequenceGenerator:
+def _from_outlines(generator, output_type) -> SequenceGenerator:
     from outlines.generator import SteerableGenerator
     from outlines.models.transformers import Transformers as OutlinesTransformers
 
@@ -43,25 +51,57 @@ def _from_outlines(generator) -> SequenceGenerator:
     if not isinstance(generator, SteerableGenerator) or not isinstance(generator.model, OutlinesTransformers):
         raise TypeError("continuous() wraps generators of continuous.generate, or outlines Generators "
                         f"built on outlines.from_transformers; got {type(generator).__name__}")
-    processor = generator.logits_processor
-    index = getattr(processor, "index", None)
-    if processor is not None and index is None:
-        raise TypeError(f"the outlines generator's {type(processor).__name__} has no outlines_core Index: "
-                        "build it with the default outlines_core backend")
     model = transformers(generator.model.model, generator.model.hf_tokenizer)
-    constraint = None
-    if index is not None:
+    processor = generator.logits_processor
+    parse = _typed(output_type) if output_type is not None else None
+    if processor is None:
+        return make(model, None, None, parse or str, kind="outlines")
+    if getattr(processor, "index", None) is not None:  # the outlines_core backend
         from .engines.outlines_core import from_index
 
-        constraint = from_index(index, model.tokenizer)
-    return make(model, Greedy(), constraint, kind="outlines" if index is None else "outlines-regex")
+        return make(model, None, from_index(processor.index, model.tokenizer), parse or str, kind="outlines-regex")
+    if isinstance(getattr(processor, "grammar", None), str):  # the llguidance backend
+        from . import generate
+
+        try:
+            spec = json.loads(processor.grammar)["grammars"][0]
+        except (ValueError, KeyError, IndexError, TypeError):
+            spec = {"lark_grammar": processor.grammar}  # a Lark grammar as given
+        if spec.get("json_schema") is not None:
+            made = generate.json(model, spec["json_schema"])
+        else:
+            made = generate.cfg(model, spec["lark_grammar"])
+        return replace(made, parse=parse or made.parse, kind="outlines-" + made.kind)
+    raise TypeError(f"the outlines generator's {type(processor).__name__} is neither outlines_core's nor "
+                    "llguidance's: build it with one of these backends")
+
+
+def _typed(output_type) -> Callable[[str], Any]:
+    """Parse text into ``output_type``: as JSON, else as pydantic reads it from a string."""
+    from pydantic import TypeAdapter, ValidationError
+
+    adapter = TypeAdapter(output_type)
+
+    def parse(text: str):
+        try:
+            return adapter.validate_json(text)
+        except ValidationError:
+            return adapter.validate_strings(text)
+
+    return parse
 
 
 class ContinuousGenerator:
     """A generator that returns SequenceStates. Build it with :func:`continuous`."""
 
-    def __init__(self, generator, fast_forward: bool = True):
-        self.generator = generator if isinstance(generator, SequenceGenerator) else _from_outlines(generator)
+    def __init__(self, generator, fast_forward: bool = True, output_type: Any = None):
+        if isinstance(generator, SequenceGenerator):
+            if output_type is not None:
+                raise ValueError("output_type= is for outlines generators: those of continuous.generate "
+                                 "already give typed values (pass the type to generate.json or choice)")
+            self.generator = generator
+        else:
+            self.generator = _from_outlines(generator, output_type)
         self.fast_forward = fast_forward
 
     @property

@@ -9,9 +9,9 @@ from typing import Literal, Optional
 import pytest
 import torch
 from pydantic import BaseModel, Field
+from support.constraints import accepts
 
-from continuous import continuous, generate, samplers
-from continuous import engines
+from continuous import continuous, engines, generate, samplers
 from continuous.engines import outlines_core
 from continuous.generate.format import _FORMATS
 
@@ -250,19 +250,6 @@ def test_integer_range_regex_is_exact(low, high, probes):
         inside = (low is None or n >= low) and (high is None or n <= high)
         assert bool(pattern.fullmatch(str(n))) == inside, (low, high, n)
     assert not pattern.fullmatch("-0") and not pattern.fullmatch("007")
-
-
-def accepts(gen, text):
-    """Whether the generator's constraint takes ``text`` whole (fed as the tokenizer splits it)."""
-    tok = gen.model.tokenizer
-    matcher = gen.constraint.matcher()
-    mask = torch.zeros((gen.model.vocab_size + 31) // 32, dtype=torch.int32)
-    for t in tok(text, add_special_tokens=False).input_ids:
-        matcher.fill(mask)
-        if not (int(mask[t // 32]) >> (t % 32)) & 1:
-            return False
-        matcher.advance(t)
-    return matcher.accepting()
 
 
 def _doc_matches(gen, value):

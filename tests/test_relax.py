@@ -1,7 +1,6 @@
 """Schemas the engine refuses only over keywords that narrow them: relaxed, enforced while
 decoding, validated on value; and the forms normalized before compiling."""
 
-import json
 import warnings
 
 import pytest

@@ -27,7 +27,16 @@ from .constraints import RowConstraints
 from .grid import Grid
 from .overlap import Queued, to_host
 from .prefill import check_context, top_up
-from .processors import Banned, Constrained, External, Finished, Forced, ForkRanking, Scores, run
+from .processors import (
+    Banned,
+    Constrained,
+    External,
+    Finished,
+    Forced,
+    ForkRanking,
+    Scores,
+    run,
+)
 from .rows import MAX_REWINDS, RowState, StopStrings, warn_exhausted
 
 __all__ = ["Generation", "Options", "Decoding"]

@@ -1,5 +1,6 @@
 from .. import engines
 from .base import SequenceGenerator, check_model, make
+from .types import grammar_of
 
 
 def cfg(model, grammar: str, sampler=None, *, ban=None, ban_case=False) -> SequenceGenerator:
@@ -9,7 +10,8 @@ def cfg(model, grammar: str, sampler=None, *, ban=None, ban_case=False) -> Seque
     ----------
     grammar
         A Lark grammar in llguidance's dialect (the start rule is ``start``; terminals
-        may be regular expressions, ``%json {...}`` embeds a JSON schema).
+        may be regular expressions, ``%json {...}`` embeds a JSON schema), or an
+        ``outlines.types.CFG``.
     ban, ban_case
         Phrases and ``regex`` patterns the output may not contain (:mod:`continuous.ban`).
 
@@ -18,7 +20,8 @@ def cfg(model, grammar: str, sampler=None, *, ban=None, ban_case=False) -> Seque
     ValueError
         When llguidance refuses the grammar, with its reason.
     """
+    grammar = grammar_of(grammar) or grammar
     if not isinstance(grammar, str):
-        raise TypeError(f"grammar must be a str (Lark syntax), got {type(grammar).__name__}")
+        raise TypeError(f"grammar must be a str (Lark syntax) or an outlines.types.CFG, got {type(grammar).__name__}")
     check_model(model)
     return make(model, sampler, engines.grammar(grammar, model.tokenizer), kind="cfg", ban=ban, ban_case=ban_case)

@@ -1,31 +1,32 @@
 import re
-from enum import Enum
 
 from .. import engines
 from .base import SequenceGenerator, check_model, make
+from .types import choices_of
 
 
 def choice(model, choices, sampler=None, *, engine=None, ban=None, ban_case=False) -> SequenceGenerator:
-    """One of the given strings; ``value`` is the chosen string (or Enum member).
+    """One of the given strings; ``value`` is the chosen string (or Enum member, or Literal value).
 
     Parameters
     ----------
     choices
-        A list of strings, or an ``Enum`` class (its members' values are the choices).
+        A list of strings, an ``Enum`` class (its members' values are the choices), a
+        ``Literal[...]`` or an ``outlines.types.Choice``.
     engine
         The constraint engine: ``"llguidance"`` (the default) or ``"outlines_core"``.
     ban, ban_case
         Phrases and ``regex`` patterns the output may not contain (a dict phrase ->
         factor for soft bans), and whether phrases match case (:mod:`continuous.ban`).
     """
-    if isinstance(choices, type) and issubclass(choices, Enum):
-        members = {str(m.value): m for m in choices}
+    members = choices_of(choices)
+    if members is not None:
         parse = members.__getitem__
     else:
         # A generator or set would be consumed or unordered: ask for a sequence.
         if not isinstance(choices, (list, tuple)) or not all(isinstance(c, str) for c in choices):
-            raise TypeError(f"choices must be a list (or tuple) of strings or an Enum class, "
-                            f"got {type(choices).__name__}")
+            raise TypeError(f"choices must be a list (or tuple) of strings, an Enum class, a Literal or an "
+                            f"outlines.types.Choice, got {type(choices).__name__}")
         members = {c: c for c in choices}
         parse = str
     if not members:

@@ -5,6 +5,7 @@ from outlines import types
 from .. import engines
 from ..engines.formats import DATE, TIME
 from .base import SequenceGenerator, check_model, make
+from .types import pattern_of
 
 _FORMATS = {
     int: (types.integer.pattern, int),
@@ -16,6 +17,8 @@ _FORMATS = {
     dt.date: (DATE, dt.date.fromisoformat),
     dt.time: (TIME, dt.time.fromisoformat),
 }
+_OUTLINES = [(types.integer, int), (types.number, float), (types.boolean, bool), (types.string, str),
+             (types.date, dt.date), (types.time, dt.time), (types.datetime, dt.datetime)]
 
 
 def format(model, python_type, sampler=None, *, engine=None, ban=None, ban_case=False) -> SequenceGenerator:
@@ -26,17 +29,24 @@ def format(model, python_type, sampler=None, *, engine=None, ban=None, ban_case=
     python_type
         ``int``, ``float``, ``bool`` (``True``/``False``), ``str`` (a double-quoted
         string), ``datetime.date`` (``YYYY-MM-DD``), ``datetime.time`` (``HH:MM:SS``)
-        or ``datetime.datetime`` (date and time separated by a space).
+        or ``datetime.datetime`` (date and time separated by a space); outlines' built-in
+        terms of these types (``outlines.types.integer``...) are the same. Any other
+        ``outlines.types`` term (``email``, ``Regex(...)``) gives its text.
     engine
         The constraint engine: ``"llguidance"`` (the default) or ``"outlines_core"``.
     ban, ban_case
         Phrases and ``regex`` patterns the output may not contain (a dict phrase ->
         factor for soft bans), and whether phrases match case (:mod:`continuous.ban`).
     """
-    if python_type not in _FORMATS:
+    # outlines' built-in terms of these types are the same formats; its other terms give text.
+    python_type = next((t for term, t in _OUTLINES if python_type is term), python_type)
+    if (pattern := pattern_of(python_type)) is not None:
+        parse = str
+    elif isinstance(python_type, type) and python_type in _FORMATS:
+        pattern, parse = _FORMATS[python_type]
+    else:
         names = ", ".join(getattr(t, "__name__", str(t)) for t in _FORMATS)
-        raise ValueError(f"format supports {names}; got {python_type!r}")
+        raise ValueError(f"format supports {names} and outlines.types terms; got {python_type!r}")
     check_model(model)
-    pattern, parse = _FORMATS[python_type]
     constraint = engines.regex(pattern, model.tokenizer, engine=engine)
     return make(model, sampler, constraint, parse, kind="format", ban=ban, ban_case=ban_case)

@@ -1,11 +1,10 @@
 import inspect
 import json as _json
 
-from pydantic import BaseModel
-
 from .. import engines
 from ..engines.schema import document, rewritten, validator
 from .base import SequenceGenerator, make
+from .types import schema_of
 
 #: The layouts ``whitespace=`` names, as the regex of what may come between two JSON tokens.
 WHITESPACE = {
@@ -24,9 +23,11 @@ def json(model, schema, sampler=None, whitespace_pattern=None, *, whitespace=Non
     Parameters
     ----------
     schema
-        A pydantic model class (``value`` is an instance), a JSON-schema ``dict`` or
-        ``str`` (``value`` is the parsed JSON), or a callable whose signature gives the
-        schema (``value`` is a dict of arguments). What the engine cannot enforce while
+        A Python type (``value`` is of that type): a pydantic model, a dataclass, a
+        ``TypedDict``, ``list[...]``, ``dict[str, ...]``, ``Literal``, an ``Enum``,
+        ``Optional`` or a union of these; a JSON schema as ``dict``, ``str`` or
+        ``outlines.types.JsonSchema`` (``value`` is the parsed JSON); or a function whose
+        signature gives the schema (``value`` is a dict of arguments). What the engine cannot enforce while
         generating is checked on ``value``, which raises ``ValueError`` rather than return
         a document that breaks the schema.
     whitespace
@@ -47,6 +48,8 @@ def json(model, schema, sampler=None, whitespace_pattern=None, *, whitespace=Non
     ValueError
         When the schema is invalid or unsupported, with the reason.
     """
+    if getattr(schema, "whitespace_pattern", None) and whitespace is None and whitespace_pattern is None:
+        whitespace_pattern = schema.whitespace_pattern  # an outlines JsonSchema's own
     doc, parse = _document(schema)
     constraint = engines.json_schema(doc, model.tokenizer, engine=engine,
                                      whitespace_pattern=_whitespace(whitespace, whitespace_pattern))
@@ -66,10 +69,13 @@ def _whitespace(whitespace, pattern) -> str:
 
 def _document(schema):
     """The JSON schema as a document, and how to parse a generated document."""
-    if isinstance(schema, type) and issubclass(schema, BaseModel):
-        # A pydantic model's objects take their fields and nothing else, as outlines
+    typed = schema_of(schema)
+    if typed is not None:
+        doc, parse, closed = typed
+        # Objects of a Python type take their fields and nothing else, as outlines
         # generates them; JSON Schema itself allows more unless told otherwise.
-        return _closed(schema.model_json_schema()), schema.model_validate_json
+        doc = _closed(doc) if closed else document(doc)
+        return doc, parse or _Validated(doc)
     if isinstance(schema, (dict, str, bool)):
         doc = document(schema)
         return doc, _Validated(doc)
@@ -81,7 +87,8 @@ def _document(schema):
         except (TypeError, ValueError) as exc:
             raise ValueError(f"cannot read the signature of {schema!r}: {exc}") from exc
         return get_schema_from_signature(schema), _json.loads
-    raise TypeError("schema must be a pydantic model class, a JSON schema dict or str, or a callable")
+    raise TypeError("schema must be a JSON schema (dict, str or outlines.types.JsonSchema), a Python type "
+                    "(a pydantic model, a dataclass, list[...], ...) or a function")
 
 
 def _closed(schema):

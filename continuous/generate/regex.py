@@ -2,7 +2,7 @@ import re
 
 from .. import engines
 from .base import SequenceGenerator, check_model, make
-
+from .types import pattern_of
 
 _C = re._constants
 _WHOLE_TEXT = (_C.AT_BEGINNING, _C.AT_END, _C.AT_BEGINNING_STRING, _C.AT_END_STRING)
@@ -28,7 +28,8 @@ def regex(model, pattern: str, sampler=None, *, engine=None, ban=None, ban_case=
     Parameters
     ----------
     pattern
-        The regular expression (Rust ``regex`` syntax, as both engines read it).
+        The regular expression (Rust ``regex`` syntax, as both engines read it), or an
+        ``outlines.types`` term (``Regex``, ``integer``, ``either(...)``...).
     engine
         The constraint engine: ``"llguidance"`` (the default) or ``"outlines_core"``.
     ban, ban_case
@@ -41,8 +42,10 @@ def regex(model, pattern: str, sampler=None, *, engine=None, ban=None, ban_case=
         When the pattern is invalid, has anchors (``^``, ``$``: the whole generated
         text is matched already) or no sequence of tokens can match it.
     """
+    pattern = pattern_of(pattern) or pattern
     if not isinstance(pattern, str):
-        raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
+        raise TypeError(f"pattern must be a str or an outlines.types term (Regex, integer, ...), "
+                        f"got {type(pattern).__name__}")
     try:
         anchored = _anchors(re._parser.parse(pattern))
     except re.error:

@@ -17,8 +17,14 @@ Heavy modules are imported on first use, so that ``import continuous.remote`` is
 """
 
 from continuous.remote.wire.protocol import (
-    AllocationError, BadRequestError, MaxLengthError, ProtocolError, RemoteError, ServerFaultError,
-    ServerShutdownError, SessionTimeoutError,
+    AllocationError,
+    BadRequestError,
+    MaxLengthError,
+    ProtocolError,
+    RemoteError,
+    ServerFaultError,
+    ServerShutdownError,
+    SessionTimeoutError,
 )
 
 __all__ = [

@@ -21,11 +21,16 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from continuous.remote.wire.checkpoint import architecture, load_config, model_class, read_weights
-from continuous.remote.client.session import InferenceSession
-from continuous.remote.wire.protocol import default_dht_prefix
 from continuous.remote.client.head import RowBatcher
 from continuous.remote.client.routing import SwarmClient
+from continuous.remote.client.session import InferenceSession
+from continuous.remote.wire.checkpoint import (
+    architecture,
+    load_config,
+    model_class,
+    read_weights,
+)
+from continuous.remote.wire.protocol import default_dht_prefix
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,14 @@ from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P, PeerID
 from hivemind.proto import runtime_pb2
 
-from continuous.remote.wire.protocol import INFO_HANDLER, ONLINE, AllocationError, RemoteError, block_key, unpack
+from continuous.remote.wire.protocol import (
+    INFO_HANDLER,
+    ONLINE,
+    AllocationError,
+    RemoteError,
+    block_key,
+    unpack,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -18,11 +18,19 @@ from dataclasses import dataclass
 import torch
 from hivemind.proto import runtime_pb2
 
-from continuous.remote.wire.protocol import (
-    INFERENCE_HANDLER, MAX_CONTROL_BYTES, BadRequestError, MaxLengthError, RemoteError, ServerFaultError,
-    SessionTimeoutError, raise_for_error, read_message, write_message,
-)
 from continuous.remote.client.routing import Hop, SwarmClient, loop_alive, run
+from continuous.remote.wire.protocol import (
+    INFERENCE_HANDLER,
+    MAX_CONTROL_BYTES,
+    BadRequestError,
+    MaxLengthError,
+    RemoteError,
+    ServerFaultError,
+    SessionTimeoutError,
+    raise_for_error,
+    read_message,
+    write_message,
+)
 
 logger = logging.getLogger(__name__)
 

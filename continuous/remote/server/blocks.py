@@ -13,8 +13,8 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from continuous.models.masks import layer_windows, near
-from continuous.remote.wire.checkpoint import load_config, model_class, read_weights
 from continuous.remote.server.memory import MemoryBudget, SessionCache
+from continuous.remote.wire.checkpoint import load_config, model_class, read_weights
 
 logger = logging.getLogger(__name__)
 

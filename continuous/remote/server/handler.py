@@ -24,12 +24,21 @@ from dataclasses import dataclass
 import torch
 from hivemind.proto import runtime_pb2
 
-from continuous.remote.server.blocks import Blocks, Step
 from continuous.remote.server.batcher import Batcher
+from continuous.remote.server.blocks import Blocks, Step
 from continuous.remote.server.memory import MemoryBudget, SessionCache
 from continuous.remote.wire.protocol import (
-    MAX_CONTROL_BYTES, AllocationError, BadRequestError, MaxLengthError, ProtocolError, RemoteError, SessionTimeoutError,
-    ServerShutdownError, error_metadata, read_message, write_message,
+    MAX_CONTROL_BYTES,
+    AllocationError,
+    BadRequestError,
+    MaxLengthError,
+    ProtocolError,
+    RemoteError,
+    ServerShutdownError,
+    SessionTimeoutError,
+    error_metadata,
+    read_message,
+    write_message,
 )
 
 logger = logging.getLogger(__name__)

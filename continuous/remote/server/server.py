@@ -24,7 +24,13 @@ from continuous.remote.server.blocks import Blocks
 from continuous.remote.server.handler import InferenceHandler
 from continuous.remote.server.memory import MemoryBudget
 from continuous.remote.wire.protocol import (
-    INFERENCE_HANDLER, INFO_HANDLER, OFFLINE, ONLINE, block_key, default_dht_prefix, pack,
+    INFERENCE_HANDLER,
+    INFO_HANDLER,
+    OFFLINE,
+    ONLINE,
+    block_key,
+    default_dht_prefix,
+    pack,
 )
 
 logger = logging.getLogger(__name__)

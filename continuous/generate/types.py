@@ -1,0 +1,74 @@
+"""What the generators take besides their own forms: ``outlines.types`` objects and Python types.
+
+Each function reads one kind of argument and returns what the generator builds from
+(``None`` where the argument is not of that kind), so that every generator accepts
+the same objects outlines does, where the kind makes sense.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import typing
+from typing import Any, Callable
+
+from outlines.types.dsl import CFG, Choice, JsonSchema, Term, to_regex
+from pydantic import (
+    BaseModel,
+    PydanticSchemaGenerationError,
+    PydanticUserError,
+    TypeAdapter,
+)
+
+__all__ = ["pattern_of", "grammar_of", "choices_of", "schema_of"]
+
+
+def pattern_of(spec) -> str | None:
+    """The regex of an ``outlines.types`` term (``Regex``, ``integer``, ``either(...)``...)."""
+    if isinstance(spec, (CFG, JsonSchema)) or not isinstance(spec, Term):
+        return None
+    return to_regex(spec)
+
+
+def grammar_of(spec) -> str | None:
+    """The Lark grammar of an ``outlines.types.CFG``."""
+    return spec.definition if isinstance(spec, CFG) else None
+
+
+def choices_of(spec) -> dict[str, Any] | None:
+    """Text -> value of each choice of an ``outlines.types.Choice``, a ``Literal`` or an ``Enum``."""
+    if isinstance(spec, Choice):
+        items = list(spec.items)
+    elif typing.get_origin(spec) is typing.Literal:
+        items = list(typing.get_args(spec))
+    elif isinstance(spec, type) and issubclass(spec, enum.Enum):
+        return {str(m.value): m for m in spec}
+    else:
+        return None
+    return {str(item): item for item in items}
+
+
+def schema_of(spec) -> tuple[Any, Callable[[str], Any], bool] | None:
+    """The JSON schema of an ``outlines.types.JsonSchema`` or a Python type, how to parse a
+    document into the type, and whether objects are closed (they take their fields only).
+
+    Python types are what pydantic reads: models, dataclasses, ``TypedDict``, ``list[...]``,
+    ``dict[str, ...]``, ``Literal``, ``Enum``, ``Optional`` and unions.
+    """
+    if isinstance(spec, JsonSchema):
+        return json.loads(spec.schema), None, False
+    if not _is_type(spec):
+        return None
+    try:
+        adapter = TypeAdapter(spec)
+        schema = adapter.json_schema()
+    except (PydanticSchemaGenerationError, PydanticUserError) as exc:
+        raise TypeError(f"{spec!r} has no JSON schema: {exc}") from None
+    if isinstance(spec, type) and issubclass(spec, BaseModel):
+        return schema, spec.model_validate_json, True
+    return schema, adapter.validate_json, True
+
+
+def _is_type(spec) -> bool:
+    """A class or a typing form (``list[int]``, ``Optional[X]``, ``Literal[...]``), not a function."""
+    return isinstance(spec, type) or typing.get_origin(spec) is not None
