@@ -31,7 +31,7 @@ _MIN_CAPACITY = 64
 class _Buffer:
     """Per-layer key and value tensors ``[rows, kv_heads, capacity, head_dim]``."""
 
-    __slots__ = ("keys", "values", "capacity", "filled", "rows", "lock", "static")
+    __slots__ = ("keys", "values", "capacity", "filled", "rows", "lock", "static", "__weakref__")
 
     def __init__(self, rows: int, capacity: int):
         self.keys: list[torch.Tensor] = []
@@ -123,6 +123,10 @@ class KVCache:
         """The view on the first ``min(length, self.length)`` slots (``None`` when empty)."""
         length = min(length, self.length)
         return KVCache(self._buffer, length) if length > 0 else None
+
+    def storage(self) -> tuple[_Buffer, int]:
+        """The buffer this view is on, and its size in bytes (its whole capacity)."""
+        return self._buffer, self._buffer.nbytes
 
     def release(self, length: int) -> None:
         """Give back this view's slots past ``length`` to its buffer: the view is being discarded.

@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Iterator, Sequence
+import weakref
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import torch
 
 from .errors import BatchMismatch, CacheResetWarning, SampleMismatch, SlicingError
 from .layout import Rows
 
-__all__ = ["SequenceState", "CutShort", "shape_rows"]
+__all__ = ["SequenceState", "CacheBytes", "CutShort", "shape_rows"]
+
+
+class CacheBytes(NamedTuple):
+    """KV cache bytes of a state: freed with it (``alone``) and kept with other states (``shared``)."""
+
+    alone: int
+    shared: int
+
+
+#: Per cache buffer (or swarm session), the live states on it.
+_HOLDERS: "weakref.WeakKeyDictionary[object, weakref.WeakSet]" = weakref.WeakKeyDictionary()
 
 
 def shape_rows(items: Sequence[Any], batch_size: int, num_samples: int) -> Any:
@@ -56,7 +68,8 @@ class SequenceState:
     batch_size, num_samples, model
     """
 
-    __slots__ = ("_rows", "_weights", "batch_size", "num_samples", "model", "_values", "_parse", "_reasons", "_logprobs")
+    __slots__ = ("_rows", "_weights", "batch_size", "num_samples", "model", "_values", "_parse", "_reasons", "_logprobs",
+                 "__weakref__")
 
     def __init__(self, model, rows: Rows, weights: torch.Tensor, batch_size: int, num_samples: int,
                  values: Sequence[str] | None = None, parse: Callable[[str], Any] | None = None,
@@ -73,6 +86,8 @@ class SequenceState:
         init(self, "_parse", parse)
         init(self, "_reasons", tuple(reasons) if reasons is not None else None)
         init(self, "_logprobs", tuple(logprobs) if logprobs is not None else None)
+        if rows.cache is not None:
+            _HOLDERS.setdefault(rows.cache.storage()[0], weakref.WeakSet()).add(self)
 
     def __setattr__(self, name, value):
         raise AttributeError(f"a SequenceState is a value: its attribute {name!r} cannot be set "
@@ -172,6 +187,24 @@ class SequenceState:
         call added to its weight. A token the constraint forced has log-probability 0.
         """
         return [list(r) for r in self._logprobs] if self._logprobs is not None else None
+
+    @property
+    def cache_bytes(self) -> CacheBytes:
+        """The KV cache memory this state keeps in this process, in bytes.
+
+        States grown from one computation (a conversation's turns, slices, samples of a
+        prompt) share one buffer: ``alone`` is what dropping this state would free (the
+        buffer, when no other live state uses it), ``shared`` what it keeps with other live
+        states (freed with the last of them). Both count the buffer's whole capacity. A
+        swarm state's cache is on its servers: 0 here.
+        """
+        cache = self._rows.cache
+        if cache is None:
+            return CacheBytes(0, 0)
+        owner, nbytes = cache.storage()
+        if any(state is not self for state in _HOLDERS.get(owner, ())):
+            return CacheBytes(0, nbytes)
+        return CacheBytes(nbytes, 0)
 
     def __iter__(self) -> Iterator[str]:
         """The full text of each row, in row order."""

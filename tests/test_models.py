@@ -60,3 +60,35 @@ def test_a_model_that_is_not_a_causal_lm_is_refused(tmp_path, tokenizer, kind, p
 
         with pytest.raises(ValueError, match="encoder"):
             models.transformers(BertLMHeadModel(config), tokenizer)
+
+
+# ---------------------------------------------------------------- loading options and errors
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    return build_model_dir(tmp_path_factory.mktemp("load") / "tiny", size="tiny", seed=5)
+
+
+@pytest.mark.parametrize("dtype, expected", [("bfloat16", torch.bfloat16), ("float32", torch.float32),
+                                             (torch.float16, torch.float16), ("auto", torch.float32)])
+def test_dtype_may_be_a_name_or_auto(saved, dtype, expected):
+    assert models.transformers(saved, dtype=dtype).dtype == expected
+
+
+def test_other_keywords_go_to_from_pretrained(saved):
+    model = models.transformers(saved, attn_implementation="eager", revision="main", low_cpu_mem_usage=True)
+    assert model.model.config._attn_implementation == "eager"
+    with pytest.raises(TypeError, match="need a path"):
+        models.transformers(model.model, model.tokenizer, attn_implementation="eager")
+
+
+def test_loading_errors_say_what_to_pass(saved, tmp_path, tokenizer):
+    with pytest.raises(FileNotFoundError, match="no model folder at"):
+        models.transformers(tmp_path / "missing" / "model")
+    with pytest.raises(FileNotFoundError, match="is a file: pass the folder"):
+        models.transformers(saved / "config.json")
+    with pytest.raises(TypeError, match="loaded tokenizer"):
+        models.transformers(saved, str(saved))
+    with pytest.raises(ValueError, match="dtype must be"):
+        models.transformers(saved, dtype="float33")
+    with pytest.raises(ValueError, match="dtype must be"):
+        models.transformers(saved, dtype="nn")

@@ -358,3 +358,24 @@ def test_copies_continue_on_the_same_model_and_pickle_is_refused(greedy):
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(s)
     assert str(greedy(s, max_tokens=1)).startswith(str(s))  # still usable
+
+
+def test_cache_bytes_say_what_a_state_holds_alone_and_shares(model):
+    import gc
+
+    gen = continuous(generate.text(model))
+    first = gen("Once upon a time", max_tokens=4)
+    alone, shared = first.cache_bytes
+    assert shared == 0 and alone > 0
+    layers, heads = model.model.config.num_hidden_layers, model.model.config.num_key_value_heads
+    head_dim = model.model.config.hidden_size // model.model.config.num_attention_heads
+    capacity = first.kv_cache.capacity
+    assert alone == 2 * layers * heads * head_dim * capacity * 4  # keys and values, float32
+    second = gen(first, max_tokens=3)  # grows in the same buffer
+    assert first.cache_bytes == (0, alone) and second.cache_bytes.shared == alone
+    del first
+    gc.collect()
+    assert second.cache_bytes == (alone, 0)
+    other = gen("Another story", max_tokens=2)  # a buffer of its own
+    assert other.cache_bytes.shared == 0 and second.cache_bytes == (alone, 0)
+    assert second.drop_cache().cache_bytes == (0, 0)

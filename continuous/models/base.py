@@ -87,6 +87,10 @@ class Cache(Protocol):
     def gather_rows_slots(self, rows: torch.Tensor, slots: torch.Tensor) -> "Cache | None":
         """Only where ``movable``: row ``i`` slot ``j`` of the result is row ``rows[i]`` slot ``slots[i, j]``."""
 
+    def storage(self) -> tuple[object, int]:
+        """What holds the memory (shared by every view grown from one computation), and its
+        size in bytes in this process (0 where the memory is elsewhere, as on a swarm)."""
+
 
 @runtime_checkable
 class Model(Protocol):

@@ -115,6 +115,10 @@ class RemoteCache:
         length = min(length, self.length)
         return RemoteCache(self._handle, self._chunk, length, self._epoch, self._rows) if length > 0 else None
 
+    def storage(self) -> tuple[_Handle, int]:
+        """The session's handle; the memory is on the servers, none here."""
+        return self._handle, 0
+
     def select_rows(self, rows) -> "RemoteCache":
         rows = torch.as_tensor(rows, dtype=torch.long)
         if self._rows is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 
 import torch
@@ -191,6 +192,45 @@ class Transformers:
                           past_key_values=cache, use_cache=True, logits_to_keep=keep).logits.float()
 
 
+#: What names the checkpoint: the tokenizer is loaded with these too.
+_CHECKPOINT_OPTIONS = ("revision", "trust_remote_code", "token", "cache_dir", "local_files_only", "subfolder",
+                       "gguf_file")
+
+
+def _dtype(dtype):
+    if dtype is None or dtype == "auto" or isinstance(dtype, torch.dtype):
+        return dtype
+    named = getattr(torch, dtype, None) if isinstance(dtype, str) else None
+    if not isinstance(named, torch.dtype):
+        raise ValueError(f"dtype must be a torch.dtype, its name (\"bfloat16\", \"float16\", \"float32\") or "
+                         f"\"auto\"; got {dtype!r}")
+    return named
+
+
+def _load(path: str, tokenizer, dtype, options: dict):
+    """Load a causal LM and its tokenizer from a folder or hub name, with errors that say what to pass."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    local = os.path.expanduser(path)
+    if os.path.isfile(local):
+        raise FileNotFoundError(f"{path} is a file: pass the folder that holds config.json"
+                                + (" and gguf_file= its name" if local.endswith(".gguf") else ""))
+    if not os.path.isdir(local) and (local.startswith((os.sep, ".", "~")) or local.count("/") > 1):
+        raise FileNotFoundError(f"no model folder at {path}")
+    path = local if os.path.isdir(local) else path
+    checkpoint = {k: v for k, v in options.items() if k in _CHECKPOINT_OPTIONS}
+    try:
+        config = AutoConfig.from_pretrained(path, **checkpoint)
+    except OSError as exc:
+        raise FileNotFoundError(f"{path} is not a local model folder, and loading it from the hub failed: "
+                                f"{str(exc).splitlines()[0]}") from exc
+    check_causal(config)
+    model = AutoModelForCausalLM.from_pretrained(path, **({"dtype": dtype} if dtype is not None else {}), **options)
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(path, **checkpoint)
+    return model, tokenizer
+
+
 def check_causal(config) -> None:
     """Refuse, naming what to use instead, a model that is not a decoder-only causal LM.
 
@@ -212,18 +252,20 @@ def check_causal(config) -> None:
 
 
 def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, compile: bool | str = False,
-                 ) -> Transformers:
+                 **from_pretrained) -> Transformers:
     """A local transformers model.
 
     Parameters
     ----------
     model_or_path
-        A path or hub name (loaded with ``AutoModelForCausalLM`` and ``AutoTokenizer``),
-        or a loaded ``PreTrainedModel``, taken as it is.
+        A local folder or hub name (loaded with ``AutoModelForCausalLM`` and
+        ``AutoTokenizer``), or a loaded ``PreTrainedModel``, taken as it is.
     tokenizer
         A loaded fast tokenizer; loaded from ``model_or_path`` when omitted.
     device, dtype
-        Where and in which dtype to load or move the model.
+        Where and in which dtype to load or move the model. ``dtype`` is a
+        ``torch.dtype`` or its name (``"bfloat16"``, ``"float16"``...); ``"auto"`` loads
+        the checkpoint's own dtype (and leaves a loaded model's as it is).
     compile
         Run decode steps (one token, or a run of up to :data:`COMPILED_WIDTH` tokens a
         constraint forces) compiled with ``torch.compile`` on fixed shapes (on
@@ -232,6 +274,10 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
         A shape is a number of rows and a buffer capacity (a power of two); dynamo's
         per-function limit of compiled shapes is raised to :data:`COMPILED_SHAPES`
         (a process-wide setting) so that batch sizes and lengths do not fall back to eager.
+    **from_pretrained
+        Given to ``from_pretrained`` when loading from a path (``device_map``,
+        ``attn_implementation``, ``trust_remote_code``, ``revision``, ``gguf_file``...);
+        those that name the checkpoint go to the tokenizer's too.
 
     Returns
     -------
@@ -242,24 +288,26 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
     ------
     ValueError
         For a model whose state cannot be cropped (Mamba, linear attention, chunked
-        attention), with the reason.
+        attention), or that is not a causal LM, with the reason; for an unknown dtype.
+    FileNotFoundError
+        For a local path that does not exist, or a file where a folder is expected.
+    TypeError
+        For a tokenizer given as a path, or a loaded model given without its tokenizer.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    dtype = _dtype(dtype)
+    if tokenizer is not None and (isinstance(tokenizer, (str, bytes)) or hasattr(tokenizer, "__fspath__")):
+        raise TypeError(f"tokenizer must be a loaded tokenizer, not the path {str(tokenizer)!r}: pass "
+                        "AutoTokenizer.from_pretrained(path), or leave it out to load the model path's own")
     if isinstance(model_or_path, (str, bytes)) or hasattr(model_or_path, "__fspath__"):
-        from transformers import AutoConfig
-
-        path = str(model_or_path)
-        check_causal(AutoConfig.from_pretrained(path))
-        kwargs = {"dtype": dtype} if dtype is not None else {}
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-        tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
+        model, tokenizer = _load(str(model_or_path), tokenizer, dtype, from_pretrained)
     else:
+        if from_pretrained:
+            raise TypeError(f"{', '.join(from_pretrained)}: loading options need a path, not a loaded model")
         model = model_or_path
         if tokenizer is None:
             raise TypeError("models.transformers(model) needs the tokenizer when given a loaded model")
-    if device is not None or dtype is not None:
-        model = model.to(device=device, dtype=dtype)
+    if device is not None or dtype not in (None, "auto"):
+        model = model.to(device=device, dtype=None if dtype == "auto" else dtype)
     wrapped = _WRAPPED.get(model)
     if wrapped is None or wrapped.tokenizer is not tokenizer or wrapped.compile != compile:
         wrapped = Transformers(model, tokenizer, compile=compile)
