@@ -21,7 +21,7 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "continuous", "ContinuousGenerator", "SequenceState", "generate", "models", "samplers", "chat",
+    "continuous", "ContinuousGenerator", "SequenceState", "generate", "models", "samplers", "chat", "hf",
     "SampleMismatch", "BatchMismatch", "SlicingError", "CacheResetWarning",
     "SampleMismatchError", "BatchMismatchError", "BanExhausted", "ContextWarning",
 ]
@@ -30,14 +30,14 @@ __all__ = [
 # them, and outlines and transformers take seconds to import.
 _LAZY = {
     "continuous": ".wrapper", "ContinuousGenerator": ".wrapper", "SequenceState": ".state",
-    "generate": ".generate", "models": ".models", "samplers": ".samplers", "chat": ".chat",
+    "generate": ".generate", "models": ".models", "samplers": ".samplers", "chat": ".chat", "hf": ".hf",
 }
 
 
 def __getattr__(name):
     if name in _LAZY:
         module = importlib.import_module(_LAZY[name], __name__)
-        value = module if name in ("generate", "models", "samplers", "chat") else getattr(module, name)
+        value = module if name in ("generate", "models", "samplers", "chat", "hf") else getattr(module, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,42 @@
+"""continuous.hf.logits_processor: a generator's constraint inside transformers' generate."""
+
+import pytest
+import torch
+
+from continuous import continuous, generate, hf
+
+
+def hf_generate(hf_model, tokenizer, prompt, processor, **kwargs):
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), logits_processor=processor,
+                                max_new_tokens=40, pad_token_id=tokenizer.eos_token_id, **kwargs)
+    return [tokenizer.decode(row[ids.shape[1]:], skip_special_tokens=True) for row in out]
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: generate.choice(m, ["cat", "category", "dog"]),
+    lambda m: generate.regex(m, r"[0-9]{2}-[a-c]{3}"),
+    lambda m: generate.json(m, {"type": "object", "properties": {"n": {"type": "integer", "maximum": 9,
+                                "minimum": 0}}, "required": ["n"], "additionalProperties": False}, whitespace="compact"),
+])
+def test_greedy_generate_gives_what_the_library_gives(model, hf_model, tokenizer, make):
+    gen = make(model)
+    (text,) = hf_generate(hf_model, tokenizer, "Answer:", hf.logits_processor(gen), do_sample=False)
+    assert text == str(continuous(gen)("Answer:"))[len("Answer:"):]
+
+
+def test_sampling_and_beams_stay_in_the_language(model, hf_model, tokenizer):
+    gen = generate.regex(model, r"(yes|no|maybe)!")
+    sampled = hf_generate(hf_model, tokenizer, "Q?", hf.logits_processor(gen), do_sample=True,
+                          num_return_sequences=4, top_k=0)
+    beams = hf_generate(hf_model, tokenizer, "Q?", hf.logits_processor(gen), num_beams=3,
+                        num_return_sequences=3, do_sample=False)
+    for text in sampled + beams:
+        assert text in ("yes!", "no!", "maybe!")
+
+
+def test_it_takes_only_generators(model):
+    with pytest.raises(TypeError, match="continuous.generate"):
+        hf.logits_processor("json")
+    assert len(hf.logits_processor(continuous(generate.text(model)))) == 1
