@@ -1,20 +1,26 @@
-# CPU wheel of torch that lies on this machine's disk; a plain `torch` would pull a CUDA build.
+# torch's CPU build: a local wheel where pip's find-links has one, else PyTorch's CPU index.
+# A plain `pip install torch` would pull a multi-GB CUDA build; for one, name its index,
+# e.g. `make install TORCH_INDEX=https://download.pytorch.org/whl/cu126`.
 TORCH ?= torch==2.13.0
-PYTHON ?= python3.11
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# The first Python >= 3.10 on the PATH (or PYTHON=...).
+PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3.10 python3; do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null && { echo $$p; break; }; done)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.installed-docs
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo demo-toy demo-swarm test test-fast docs install clean
+.PHONY: demo demo-toy demo-swarm test test-fast docs install clean python
 
 $(PY):
+	@test -n "$(PYTHON)" || { echo "no Python >= 3.10 on the PATH: install one, or give PYTHON=/path/to/python"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) --upgrade pip
-	$(PIP) "$(TORCH)"
+	$(PIP) --no-index --no-deps "$(TORCH)" 2>/dev/null || $(PIP) "$(TORCH)" --index-url "$(TORCH_INDEX)"
 	$(PIP) -e ".[test]"
 	touch $(STAMP)
 
@@ -49,3 +55,7 @@ docs: $(DOCS_STAMP)
 
 clean:
 	rm -rf $(VENV) site
+
+# The interpreter the virtual environment is made with.
+python:
+	@echo $(PYTHON)

@@ -70,3 +70,17 @@ def test_json_on_the_swarm(pair):
     values = [continuous(generate.json(m, schema, whitespace_pattern=""))("JSON:", max_tokens=30).value
               for m in (local, remote)]
     assert values[0] == values[1] and set(values[0]) == {"ok", "n"}
+
+
+def test_a_client_s_normal_exit_logs_nothing(swarm, swarm_model_dir):
+    import subprocess
+    import sys
+
+    client = ("import sys; from continuous import continuous, generate, models; "
+              "m = models.remote(sys.argv[1], initial_peers=sys.argv[2:], max_length=128, max_batch=1); "
+              "print(str(continuous(generate.text(m))('Hello', max_tokens=3)))")
+    done = subprocess.run([sys.executable, "-c", client, str(swarm_model_dir), *swarm.maddrs],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("Hello")
+    logged = [line for line in done.stderr.splitlines() if "Loading weights" not in line and line.strip()]
+    assert logged == []

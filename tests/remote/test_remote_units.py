@@ -7,7 +7,7 @@ import torch
 from hivemind.p2p import PeerID
 from hivemind.proto import runtime_pb2
 
-from continuous.remote.client.routing import ServerInfo, best_chain
+from continuous.remote.client.routing import ServerInfo, best_chain, unserved
 from continuous.remote.server.blocks import Blocks
 from continuous.remote.wire.checkpoint import read_weights
 from continuous.remote.wire.protocol import (
@@ -122,3 +122,11 @@ def test_blocks_load_only_their_weights(swarm_model_dir):
     assert not any(p.is_meta for p in blocks.parameters())
     with pytest.raises(ValueError):
         Blocks(swarm_model_dir, 1, 3)
+
+
+def test_a_missing_block_is_named():
+    a, b = _server("a", 0, 1), _server("b", 2, 4)
+    assert unserved([a, b], 0, 4, "tiny") == "no server for block 1 of tiny"
+    assert unserved([a], 0, 6, "tiny") == "no server for blocks 1-5 of tiny"
+    assert unserved([_server("c", 1, 2), _server("d", 3, 4)], 0, 5, "m") == "no server for blocks 0, 2, 4 of m"
+    assert "each is announced" in unserved([a, b, _server("c", 1, 2)], 0, 4, "tiny")

@@ -12,6 +12,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Coroutine, Sequence
 
@@ -42,6 +43,20 @@ def event_loop() -> asyncio.AbstractEventLoop:
             _loop = asyncio.new_event_loop()
             threading.Thread(target=_loop.run_forever, name="continuous-swarm", daemon=True).start()
         return _loop
+
+
+#: Live clients, stopped when the program ends (see :func:`_stop_clients`).
+_CLIENTS: "weakref.WeakSet[SwarmClient]" = weakref.WeakSet()
+
+
+def _stop_clients() -> None:
+    """Stop every client as the program ends, before the interpreter stops the thread pools
+    the daemon's tasks use (stopped later, they would wait for those pools in vain)."""
+    for client in list(_CLIENTS):
+        client.shutdown(timeout=5)
+
+
+threading._register_atexit(_stop_clients)  # runs before concurrent.futures' own exit hook
 
 
 def loop_alive() -> bool:
@@ -111,6 +126,7 @@ class SwarmClient:
         self._banned: dict[PeerID, float] = {}
         self._rtt: dict[PeerID, tuple[float, float]] = {}  # peer -> (seconds, measured at)
         self.p2p, self.dht = run(self._start(list(initial_peers)), timeout)
+        _CLIENTS.add(self)
 
     @staticmethod
     async def _start(initial_peers: list[str]) -> tuple[P2P, DHTNode]:
@@ -122,7 +138,7 @@ class SwarmClient:
             raise
         return p2p, dht
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout: float | None = None) -> None:
         """Stop the DHT node and the daemon of this client."""
         if self.dht is not None:
             dht, p2p, self.dht, self.p2p = self.dht, self.p2p, None, None
@@ -134,7 +150,7 @@ class SwarmClient:
                 await p2p.shutdown()
 
             try:
-                run(stop(), self.timeout)
+                run(stop(), self.timeout if timeout is None else timeout)
             except Exception as e:
                 logger.warning("swarm client shutdown: %r", e)
 
@@ -229,10 +245,25 @@ class SwarmClient:
                     f"tokens (not enough free attention cache, or a lower max_length)")
                 error.retryable = False  # every server was considered
                 raise error
-            raise RemoteError(f"no server available for blocks {start}:{end} of {self.dht_prefix}")
+            raise RemoteError(unserved(announced, start, end, self.dht_prefix))
         logger.info("route for blocks %d:%d: %s", start, end,
                     " -> ".join(f"{h.server.peer_id.to_base58()[-6:]}[{h.start}:{h.end}]" for h in chain))
         return chain
+
+
+def unserved(servers: Sequence[ServerInfo], start: int, end: int, prefix: str) -> str:
+    """Why no chain goes through blocks ``start:end``: the blocks no server holds, by number."""
+    missing = [b for b in range(start, end) if not any(s.start <= b < s.end for s in servers)]
+    if not missing:
+        return f"no server that answers serves blocks {start}:{end} of {prefix} (each is announced)"
+    spans: list[list[int]] = []  # runs of consecutive blocks: [first, last]
+    for b in missing:
+        if spans and spans[-1][1] == b - 1:
+            spans[-1][1] = b
+        else:
+            spans.append([b, b])
+    names = ", ".join(str(a) if a == z else f"{a}-{z}" for a, z in spans)
+    return f"no server for block{'s' if len(missing) > 1 else ''} {names} of {prefix}"
 
 
 def best_chain(servers: Sequence[ServerInfo], start: int, end: int,

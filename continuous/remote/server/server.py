@@ -35,7 +35,6 @@ from continuous.remote.wire.protocol import (
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class Server:
@@ -73,7 +72,7 @@ class Server:
                  host: str = "127.0.0.1", port: int = 0, cache_bytes: int = 2**30, max_length: int = 2048,
                  session_timeout: float = 300.0, dht_prefix: str | None = None, dtype: str = "float32",
                  update_period: float = 10.0, open_timeout: float = 5.0, max_streams_per_peer: int = 64):
-        self.blocks = Blocks(model_path, start, end, _DTYPES[dtype])
+        self.blocks = Blocks(model_path, start, end, getattr(torch, dtype))
         self.max_length = min(max_length, self.blocks.max_position)
         self.budget = MemoryBudget(cache_bytes)
         self.initial_peers = list(initial_peers)
@@ -170,33 +169,6 @@ class Server:
         logger.info("stopped")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m continuous.server", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="directory of the model (config, safetensors)")
-    parser.add_argument("--blocks", required=True, help="START:END, the blocks to serve (END excluded)")
-    swarm = parser.add_mutually_exclusive_group(required=True)
-    swarm.add_argument("--new-swarm", action="store_true", help="start a new swarm")
-    swarm.add_argument("--initial-peers", nargs="+", metavar="MADDR", help="multiaddresses of peers to join")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--cache-bytes", type=int, default=2**30, help="attention cache budget in bytes")
-    parser.add_argument("--max-length", type=int, default=2048, help="longest session accepted")
-    parser.add_argument("--session-timeout", type=float, default=300.0, help="idle seconds before a session closes")
-    parser.add_argument("--dht-prefix", default=None, help="name to announce the blocks under")
-    parser.add_argument("--dtype", default="float32", choices=sorted(_DTYPES))
-    parser.add_argument("--update-period", type=float, default=10.0, help="seconds between DHT announcements")
-    parser.add_argument("--open-timeout", type=float, default=5.0, help="seconds a new stream has to open a session")
-    parser.add_argument("--max-streams-per-peer", type=int, default=64, help="streams one peer may hold at once")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads of the compute (default: torch's, one per core)")
-    args = parser.parse_args(argv)
-    try:
-        args.start, args.end = (int(x) for x in args.blocks.split(":"))
-    except ValueError:
-        parser.error(f"--blocks must look like START:END, got {args.blocks!r}")
-    return args
-
-
 async def _serve(args: argparse.Namespace) -> None:
     server = Server(args.model, args.start, args.end, initial_peers=args.initial_peers or [], host=args.host,
                     port=args.port, cache_bytes=args.cache_bytes, max_length=args.max_length,
@@ -224,11 +196,9 @@ async def _serve(args: argparse.Namespace) -> None:
         await server.shutdown()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``python -m continuous.server``."""
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> None:
+    """Serve as ``python -m continuous.server`` asked (its arguments parsed), until SIGTERM or Ctrl-C."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(max(1, args.threads or torch.get_num_threads()))
     asyncio.run(_serve(args))
-    sys.exit(0)

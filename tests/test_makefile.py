@@ -1,0 +1,34 @@
+"""The Makefile: which Python makes the environment, and how torch is installed (never CUDA by accident)."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+
+
+def make(*args):
+    return subprocess.run(["make", "-s", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_the_environment_is_made_with_a_python_of_at_least_3_10():
+    python = make("python").strip()
+    version = subprocess.run([python, "-c", "import sys; print(sys.version_info[:2] >= (3, 10))"],
+                             capture_output=True, text=True, check=True).stdout
+    assert version.strip() == "True"
+    assert make("python", f"PYTHON={sys.executable}").strip() == sys.executable
+
+
+def test_torch_comes_from_a_local_wheel_or_the_cpu_index(tmp_path):
+    # A dry run of a fresh install into an empty folder: the commands, not their effects.
+    plan = make("-n", "install", f"VENV={tmp_path / 'venv'}")
+    torch_lines = [line for line in plan.splitlines() if "\"torch==" in line]
+    assert len(torch_lines) == 1
+    local, fallback = torch_lines[0].split(" || ")
+    assert "--no-index" in local and "https://download.pytorch.org/whl/cpu" in fallback
+    cuda = make("-n", "install", f"VENV={tmp_path / 'venv'}", "TORCH_INDEX=https://download.pytorch.org/whl/cu126")
+    assert "whl/cu126" in cuda
