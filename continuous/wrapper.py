@@ -206,11 +206,11 @@ class ContinuousGenerator:
         samples = sampler.samples
         if samples_in not in (1, samples):
             raise SampleMismatch(f"the state has {samples_in} samples per prompt and the sampler makes {samples}")
-        options = Options(max_tokens=_check_max_tokens(max_tokens), stop_at=_check_stop_at(stop_at),
+        options = Options(max_tokens=_check_count(max_tokens, "max_tokens"), stop_at=_check_stop_at(stop_at),
                           rng=_check_rng(seed, rng), fast_forward=self.fast_forward, bans=self.generator.ban,
                           heal=bool(heal), fork=samples if samples_in == 1 else 1,
                           processors=_processors(repetition_penalty, logits_processors),
-                          logprobs=_check_logprobs(logprobs))
+                          logprobs=_check_count(logprobs, "logprobs"))
 
         def start() -> Decoding:
             return Decoding(model, rows, weights.reshape(-1), self.generator.constraint, sampler, options)
@@ -261,12 +261,11 @@ class ContinuousGenerator:
         return rows, torch.zeros(len(prompt), 1), len(prompt), 1
 
 
-def _check_max_tokens(max_tokens):
-    if max_tokens is None:
-        return None
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-        raise ValueError(f"max_tokens must be a non-negative int or None, got {max_tokens!r}")
-    return max_tokens
+def _check_count(value, name: str):
+    """A non-negative int, or ``None``."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
+    return value
 
 
 def _check_stop_at(stop_at) -> list[str]:
@@ -287,14 +286,6 @@ def _check_rng(seed, rng):
     if rng is not None and not isinstance(rng, torch.Generator):
         raise TypeError(f"rng must be a torch.Generator, got {type(rng).__name__}")
     return rng
-
-
-def _check_logprobs(k):
-    if k is None:
-        return None
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"logprobs must be a non-negative int (alternatives per token) or None, got {k!r}")
-    return k
 
 
 def _processors(repetition_penalty, logits_processors) -> tuple:

@@ -10,7 +10,7 @@ shorter than the contexts, so they matter.
 
 import pytest
 import torch
-from support.models import ARCHITECTURES, build_arch, real_tokenizer
+from support.models import ARCHITECTURES, build_arch, hf_greedy, real_tokenizer
 
 from continuous import continuous, generate, models
 
@@ -27,16 +27,6 @@ def arch(request):
 
 def real_ids(state, row=0):
     return state.token_ids[row][state.attention_mask[row].bool()].tolist()
-
-
-def hf_greedy(hf, ids, n, **kwargs):
-    """HF generate from these ids alone (its own cache, nothing of ours): the new ids."""
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                          max_new_tokens=n, do_sample=False, pad_token_id=hf.config.eos_token_id, **kwargs)
-    new = out[0, len(ids):].tolist()
-    eos = hf.config.eos_token_id
-    return new[: new.index(eos)] if eos in new else new
 
 
 def assert_continues_like_hf(hf, gen, state, n=6):

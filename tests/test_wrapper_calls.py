@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from support.models import hf_greedy
 from transformers import LogitsProcessor, SuppressTokensLogitsProcessor
 
 from continuous import continuous, generate, samplers
@@ -16,13 +17,6 @@ def gen(model):
 
 def ids_of(state, row=0):
     return state.token_ids[row][state.attention_mask[row].bool()].tolist()
-
-
-def hf_greedy(hf, ids, n, **kwargs):
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                          max_new_tokens=n, do_sample=False, pad_token_id=hf.config.eos_token_id, **kwargs)
-    return out[0, len(ids):].tolist()
 
 
 def test_shorthand_is_a_multinomial_sampler_for_this_call_only(gen):

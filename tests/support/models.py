@@ -300,3 +300,13 @@ def build_arch(arch: str, seed: int = 0, max_position_embeddings: int = 512, **o
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(8.0)
     return model.eval(), tokenizer
+
+
+def hf_greedy(hf, ids: list[int], n: int, **kwargs) -> list[int]:
+    """The ids HF ``generate`` adds greedily to ``ids`` (its own cache, nothing of ours), up to EOS."""
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                          max_new_tokens=n, do_sample=False, pad_token_id=hf.config.eos_token_id, **kwargs)
+    new = out[0, len(ids):].tolist()
+    eos = hf.config.eos_token_id
+    return new[: new.index(eos)] if eos in new else new
