@@ -20,6 +20,7 @@ bans: the detection's cost), backtracks, and banned text found in any output (mu
 from __future__ import annotations
 
 import random
+import re
 
 import torch
 from common import emit, median, random_text, setup, timed
@@ -83,12 +84,13 @@ def hand_loop(hf, tok, prompt_ids, n, seed, ban: BanList, reuse_cache: bool):
             piece = tok.decode(prompt_ids[-4:] + ids)[len(tok.decode(prompt_ids[-4:] + ids[:-1])):]
             text += piece
             ends.append(len(text))
-            match = matcher.feed(piece) if piece else None
-            if match is None:
+            matches = matcher.feed(piece) if piece else []
+            if not matches:
                 logits = forward([token], len(prompt_ids) + len(ids) - 1)
                 continue
             backtracks += 1
-            keep = sum(1 for e in ends if e <= match[0])
+            start = matches[0][0]  # the earliest banned phrase the token completes
+            keep = sum(1 for e in ends if e <= start)
             bans.setdefault(keep, set()).add(ids[keep])
             for p in [p for p in bans if p > keep]:
                 del bans[p]
@@ -103,6 +105,18 @@ def hand_loop(hf, tok, prompt_ids, n, seed, ban: BanList, reuse_cache: bool):
                 cache = DynamicCache(config=hf.config)
                 logits = forward(prompt_ids + ids, 0)
     return text, forwarded, calls, backtracks
+
+
+def banned_in(text: str, phrases) -> int:
+    """How many phrases the text holds, as bans match them: case folded, and on word boundaries
+    where a phrase begins or ends with a word character (a ban on "cat" leaves "category")."""
+    folded = text.casefold()
+    found = 0
+    for p in phrases:
+        left = r"(?<!\w)" if p[:1].isalnum() or p[:1] == "_" else ""
+        right = r"(?!\w)" if p[-1:].isalnum() or p[-1:] == "_" else ""
+        found += re.search(left + re.escape(p.casefold()) + right, folded) is not None
+    return found
 
 
 def main():
@@ -129,7 +143,7 @@ def main():
                 calls += after["forward_calls"] - before["forward_calls"]
                 rewound += after["tokens_rewound"] - before["tokens_rewound"]
                 if ban is not None:
-                    found += sum(1 for p in phrases if p.lower() in state.value.lower())
+                    found += banned_in(state.value, phrases)
         per_forward[name] = sum(times) / calls * 1e3
         if name == "b100":
             tokens["continuous"], seconds["continuous"] = fwd // args.reps, median(times) * len(seeds)
@@ -140,7 +154,7 @@ def main():
                     (text, f, _, b), t = timed(lambda: hand_loop(hf, tok, prompt_ids, n, s, ban, reuse))
                     fwd_o, back_o = fwd_o + f, back_o + b
                     times_o.append(t)
-                    found += sum(1 for p in phrases if p.lower() in text.lower())
+                    found += banned_in(text, phrases)
                 tokens[other], seconds[other], backtracks[other] = fwd_o, sum(times_o), back_o
     ratio = tokens["regenerate"] / max(1, tokens["continuous"])
     table = [("at 100 bans", "tokens forwarded", "seconds"),

@@ -24,6 +24,8 @@ KEYS = {
     "decode": {"ms_per_token": {"100", "1000"}},
     "swarm": {"identical": None, "ms_per_token": {"local", "remote"}, "failover": {"identical", "recovery_s"}},
     "real": {"multiturn": None, "json": {"ms_per_output_token", "forward_calls", "correct_fields"}},
+    "backtrack": {"tokens": {"continuous", "regenerate", "crop"}, "banned_found": None},
+    "fastforward": {"ms_per_output_token": {"free", "json", "json_ff"}, "forward_calls": {"json", "json_ff"}},
 }
 
 
@@ -63,6 +65,17 @@ def test_stateops_forward_exactly_what_the_operations_leave_uncached():
         assert op["tokens_forwarded"] == op["expected"], op
         assert op["same_every_rep"], op
         assert op["expected"] <= op["bound"], op  # the bound on re-tokenization at a cut
+
+
+def test_backtrack_outputs_hold_no_banned_phrase_and_rewinds_forward_least():
+    result = run("backtrack")
+    assert result["banned_found"] == 0
+    assert result["tokens"]["regenerate"] > result["tokens"]["continuous"]
+
+
+def test_fastforward_makes_fewer_forward_calls_for_the_same_tokens():
+    calls = run("fastforward")["forward_calls"]
+    assert calls["json_ff"] < calls["json"]
 
 
 def test_fork_forwards_the_prompt_once():
