@@ -50,7 +50,7 @@ def ban_lists(free_texts: list[str], seed: int = 0) -> dict[str, list[str]]:
 def hand_loop(hf, tok, prompt_ids, n, seed, ban: BanList, reuse_cache: bool):
     """Sample n tokens with rewinds; returns (text, tokens forwarded, forward calls, backtracks)."""
     rng = torch.Generator().manual_seed(seed)
-    matcher = ban.matcher()
+    matcher = ban.matcher(tok.decode(prompt_ids, skip_special_tokens=True))  # a word may not begin mid-word
     ids: list[int] = []
     ends: list[int] = []
     text = ""
@@ -79,12 +79,17 @@ def hand_loop(hf, tok, prompt_ids, n, seed, ban: BanList, reuse_cache: bool):
             cdf = logprobs.double().exp().cumsum(-1)
             token = int(torch.searchsorted(cdf[None], u * cdf[-1:], right=True)[0, 0])
             if token == tok.eos_token_id:
-                break
-            ids.append(token)
-            piece = tok.decode(prompt_ids[-4:] + ids)[len(tok.decode(prompt_ids[-4:] + ids[:-1])):]
-            text += piece
-            ends.append(len(text))
-            matches = matcher.feed(piece) if piece else []
+                matches = matcher.finish()  # a phrase at the very end waited for what follows
+                if not matches:
+                    break
+            else:
+                ids.append(token)
+                piece = tok.decode(prompt_ids[-4:] + ids)[len(tok.decode(prompt_ids[-4:] + ids[:-1])):]
+                text += piece
+                ends.append(len(text))
+                matches = matcher.feed(piece) if piece else []
+                if not matches and len(ids) == n:
+                    matches = matcher.finish()
             if not matches:
                 logits = forward([token], len(prompt_ids) + len(ids) - 1)
                 continue
@@ -107,15 +112,16 @@ def hand_loop(hf, tok, prompt_ids, n, seed, ban: BanList, reuse_cache: bool):
     return text, forwarded, calls, backtracks
 
 
-def banned_in(text: str, phrases) -> int:
-    """How many phrases the text holds, as bans match them: case folded, and on word boundaries
-    where a phrase begins or ends with a word character (a ban on "cat" leaves "category")."""
-    folded = text.casefold()
+def banned_in(prompt: str, text: str, phrases) -> int:
+    """How many phrases the text generated after ``prompt`` holds, as bans match them: case
+    folded, and on word boundaries where a phrase begins or ends with a word character (a ban on
+    "cat" leaves "category", and a word the prompt began goes on)."""
+    folded, start = (prompt + text).casefold(), len(prompt.casefold())
     found = 0
     for p in phrases:
         left = r"(?<!\w)" if p[:1].isalnum() or p[:1] == "_" else ""
         right = r"(?!\w)" if p[-1:].isalnum() or p[-1:] == "_" else ""
-        found += re.search(left + re.escape(p.casefold()) + right, folded) is not None
+        found += re.compile(left + re.escape(p.casefold()) + right).search(folded, start) is not None
     return found
 
 
@@ -143,7 +149,7 @@ def main():
                 calls += after["forward_calls"] - before["forward_calls"]
                 rewound += after["tokens_rewound"] - before["tokens_rewound"]
                 if ban is not None:
-                    found += banned_in(state.value, phrases)
+                    found += banned_in(prompt, state.value, phrases)
         per_forward[name] = sum(times) / calls * 1e3
         if name == "b100":
             tokens["continuous"], seconds["continuous"] = fwd // args.reps, median(times) * len(seeds)
@@ -154,7 +160,7 @@ def main():
                     (text, f, _, b), t = timed(lambda: hand_loop(hf, tok, prompt_ids, n, s, ban, reuse))
                     fwd_o, back_o = fwd_o + f, back_o + b
                     times_o.append(t)
-                    found += banned_in(text, phrases)
+                    found += banned_in(prompt, text, phrases)
                 tokens[other], seconds[other], backtracks[other] = fwd_o, sum(times_o), back_o
     ratio = tokens["regenerate"] / max(1, tokens["continuous"])
     table = [("at 100 bans", "tokens forwarded", "seconds"),

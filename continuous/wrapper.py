@@ -333,7 +333,7 @@ class Stream:
         try:
             pieces = next(self._steps)
         except StopIteration:
-            self._final = self._state(self._decoding.result())
+            self._final = self._state(self._started().result())
             return True, self._final
         self._snapshot = None
         return False, self._shape(pieces)
@@ -357,10 +357,11 @@ class Stream:
             raise
 
     def close(self) -> None:
-        """Stop generating; ``state`` keeps what was generated."""
-        if self._steps is not None:
-            self._steps.close()
-        if self._final is None and self._decoding is not None:
+        """Stop generating; ``state`` keeps what was generated (the prompt, if nothing was)."""
+        if self._steps is None:  # closed before it started: no step will run
+            self._steps = iter(self._started())
+        self._steps.close()
+        if self._final is None:
             self._final = self.state
 
     @property

@@ -123,3 +123,9 @@ def test_stream_arguments_are_checked_when_called(gen):
         gen.astream("a", max_tokens=-1)
     with pytest.raises(TypeError):
         gen.stream("a", temprature=0.5)
+
+
+def test_a_stream_closed_before_it_starts_generates_nothing(gen):
+    stream = gen.stream("Quiet", max_tokens=5)
+    stream.close()
+    assert list(stream) == [] and str(stream.state) == "Quiet"
