@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessor
 
 from .decode.constraints import RowConstraints
 from .generate.base import SequenceGenerator
@@ -11,7 +11,7 @@ from .generate.base import SequenceGenerator
 __all__ = ["logits_processor", "ConstraintLogitsProcessor"]
 
 
-def logits_processor(generator) -> LogitsProcessorList:
+def logits_processor(generator) -> "ConstraintLogitsProcessor":
     """A transformers logits processor that holds ``model.generate`` to a generator's constraint.
 
     Parameters
@@ -22,8 +22,9 @@ def logits_processor(generator) -> LogitsProcessorList:
 
     Returns
     -------
-    LogitsProcessorList
-        Pass it as ``model.generate(..., logits_processor=...)``. Greedy, sampling and
+    ConstraintLogitsProcessor
+        A transformers ``LogitsProcessor``: pass it as ``model.generate(...,
+        logits_processor=...)``, alone or in a list with others. Greedy, sampling and
         beam search work (each sequence's state follows its tokens); build one per
         ``generate`` call.
 
@@ -35,7 +36,7 @@ def logits_processor(generator) -> LogitsProcessorList:
     generator = getattr(generator, "generator", generator)  # continuous(...) wraps one
     if not isinstance(generator, SequenceGenerator):
         raise TypeError(f"logits_processor takes a generator of continuous.generate, got {type(generator).__name__}")
-    return LogitsProcessorList([ConstraintLogitsProcessor(generator)])
+    return ConstraintLogitsProcessor(generator)
 
 
 class ConstraintLogitsProcessor(LogitsProcessor):
@@ -53,6 +54,13 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self.ends = set(model.eos_token_ids)
         self.start: int | None = None
         self.matchers: dict[tuple[int, ...], object] = {}
+
+    # ``generate`` takes a list of processors: this one passes as the list of itself too.
+    def __iter__(self):
+        return iter([self])
+
+    def __len__(self) -> int:
+        return 1
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.constraint is None:

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from continuous import continuous, generate, hf
 
@@ -36,7 +37,15 @@ def test_sampling_and_beams_stay_in_the_language(model, hf_model, tokenizer):
         assert text in ("yes!", "no!", "maybe!")
 
 
-def test_it_takes_only_generators(model):
+def test_it_is_a_processor_alone_or_in_a_list(model, hf_model, tokenizer):
+    gen = generate.choice(model, ["red", "green"])
+    processor = hf.logits_processor(continuous(gen))
+    assert isinstance(processor, LogitsProcessor)
+    listed = hf_generate(hf_model, tokenizer, "Color:", LogitsProcessorList([hf.logits_processor(gen)]))
+    assert hf_generate(hf_model, tokenizer, "Color:", processor) == listed
+    assert listed[0] in ("red", "green")
+
+
+def test_it_takes_only_generators():
     with pytest.raises(TypeError, match="continuous.generate"):
         hf.logits_processor("json")
-    assert len(hf.logits_processor(continuous(generate.text(model)))) == 1
