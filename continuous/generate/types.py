@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import enum
 import json
+import sys
+import types
 import typing
 from typing import Any, Callable
 
+import typing_extensions
 from outlines.types.dsl import CFG, Choice, JsonSchema, Term, to_regex
 from pydantic import (
     BaseModel,
@@ -19,6 +22,7 @@ from pydantic import (
     PydanticUserError,
     TypeAdapter,
 )
+from typing_extensions import NotRequired, Required
 
 __all__ = ["pattern_of", "grammar_of", "choices_of", "schema_of"]
 
@@ -60,13 +64,34 @@ def schema_of(spec) -> tuple[Any, Callable[[str], Any], bool] | None:
     if not _is_type(spec):
         return None
     try:
-        adapter = TypeAdapter(spec)
+        adapter = TypeAdapter(_readable(spec))
         schema = adapter.json_schema()
     except (PydanticSchemaGenerationError, PydanticUserError) as exc:
         raise TypeError(f"{spec!r} has no JSON schema: {exc}") from None
     if isinstance(spec, type) and issubclass(spec, BaseModel):
         return schema, spec.model_validate_json, True
     return schema, adapter.validate_json, True
+
+
+def _readable(spec):
+    """``spec`` with each ``typing.TypedDict`` made a ``typing_extensions`` one: pydantic reads
+    only those before Python 3.12."""
+    if sys.version_info >= (3, 12):
+        return spec
+    if typing.is_typeddict(spec) and type(spec).__module__ == "typing":
+        required = spec.__required_keys__
+        fields = {k: (Required if k in required else NotRequired)[_readable(v)]
+                  for k, v in typing.get_type_hints(spec, include_extras=True).items()}
+        return typing_extensions.TypedDict(spec.__name__, fields)
+    origin, args = typing.get_origin(spec), typing.get_args(spec)
+    if origin is None or origin is typing.Literal or not args:
+        return spec
+    if origin is typing.Annotated:
+        return typing.Annotated[(_readable(args[0]), *args[1:])]
+    new = tuple(_readable(a) for a in args)
+    if new == args:
+        return spec
+    return spec.copy_with(new) if hasattr(spec, "copy_with") else types.GenericAlias(origin, new)
 
 
 def _is_type(spec) -> bool:
