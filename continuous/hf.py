@@ -33,7 +33,10 @@ def logits_processor(generator) -> "ConstraintLogitsProcessor":
     >>> gen = generate.choice(model, ["yes", "no"])               # doctest: +SKIP
     >>> out = model.model.generate(ids, logits_processor=logits_processor(gen))  # doctest: +SKIP
     """
-    generator = getattr(generator, "generator", generator)  # continuous(...) wraps one
+    from .wrapper import ContinuousGenerator
+
+    if isinstance(generator, ContinuousGenerator):
+        generator = generator.generator
     if not isinstance(generator, SequenceGenerator):
         raise TypeError(f"logits_processor takes a generator of continuous.generate, got {type(generator).__name__}")
     return ConstraintLogitsProcessor(generator)

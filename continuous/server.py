@@ -46,9 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m continuous.server``."""
     args = parse_args(argv)
-    from continuous.remote.server.server import (
-        run,  # torch and hivemind: seconds to import
-    )
+    # Imported only now: torch and hivemind take seconds to import.
+    from continuous.remote.server.server import run
 
     run(args)
     sys.exit(0)

@@ -12,6 +12,7 @@ import torch
 from .decode import Decoding, Generation, Options
 from .errors import SampleMismatch
 from .generate.base import SequenceGenerator, make
+from .generate.types import parser_of
 from .layout import Rows
 from .samplers import Greedy, Multinomial, Sampler, check_seed
 from .state import CutShort, SequenceState, shape_rows
@@ -53,7 +54,7 @@ def _from_outlines(generator, output_type) -> SequenceGenerator:
                         f"built on outlines.from_transformers; got {type(generator).__name__}")
     model = transformers(generator.model.model, generator.model.hf_tokenizer)
     processor = generator.logits_processor
-    parse = _typed(output_type) if output_type is not None else None
+    parse = parser_of(output_type) if output_type is not None else None
     if processor is None:
         return make(model, None, None, parse or str, kind="outlines")
     if getattr(processor, "index", None) is not None:  # the outlines_core backend
@@ -74,21 +75,6 @@ def _from_outlines(generator, output_type) -> SequenceGenerator:
         return replace(made, parse=parse or made.parse, kind="outlines-" + made.kind)
     raise TypeError(f"the outlines generator's {type(processor).__name__} is neither outlines_core's nor "
                     "llguidance's: build it with one of these backends")
-
-
-def _typed(output_type) -> Callable[[str], Any]:
-    """Parse text into ``output_type``: as JSON, else as pydantic reads it from a string."""
-    from pydantic import TypeAdapter, ValidationError
-
-    adapter = TypeAdapter(output_type)
-
-    def parse(text: str):
-        try:
-            return adapter.validate_json(text)
-        except ValidationError:
-            return adapter.validate_strings(text)
-
-    return parse
 
 
 class ContinuousGenerator:

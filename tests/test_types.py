@@ -155,3 +155,17 @@ def test_outlines_core_values_take_the_output_type_given(om):
     assert isinstance(continuous(gen, output_type=int)("Number:", max_tokens=8).value, int)
     with pytest.raises(ValueError, match="output_type"):
         continuous(generate.text(om and continuous(gen).model), output_type=int)
+
+
+def test_output_types_are_read_as_generate_json_reads_them():
+    import typing
+
+    from continuous.generate.types import parser_of
+
+    class Old(typing.TypedDict):
+        a: int
+
+    assert parser_of(Old)('{"a": 1}') == {"a": 1}
+    assert parser_of(int)("12") == 12 and parser_of(dt.date)("2024-02-29") == dt.date(2024, 2, 29)
+    with pytest.raises(ValueError):
+        parser_of(Old)('{"a": "x"}')

@@ -21,10 +21,11 @@ from pydantic import (
     PydanticSchemaGenerationError,
     PydanticUserError,
     TypeAdapter,
+    ValidationError,
 )
 from typing_extensions import NotRequired, Required
 
-__all__ = ["pattern_of", "grammar_of", "choices_of", "schema_of"]
+__all__ = ["pattern_of", "grammar_of", "choices_of", "schema_of", "parser_of"]
 
 
 def pattern_of(spec) -> str | None:
@@ -71,6 +72,19 @@ def schema_of(spec) -> tuple[Any, Callable[[str], Any], bool] | None:
     if isinstance(spec, type) and issubclass(spec, BaseModel):
         return schema, spec.model_validate_json, True
     return schema, adapter.validate_json, True
+
+
+def parser_of(python_type) -> Callable[[str], Any]:
+    """Parse text into ``python_type``: as JSON, else as pydantic reads it from a string."""
+    adapter = TypeAdapter(_readable(python_type))
+
+    def parse(text: str):
+        try:
+            return adapter.validate_json(text)
+        except ValidationError:
+            return adapter.validate_strings(text)
+
+    return parse
 
 
 def _readable(spec):

@@ -197,6 +197,10 @@ _CHECKPOINT_OPTIONS = ("revision", "trust_remote_code", "token", "cache_dir", "l
                        "gguf_file")
 
 
+def _is_path(x) -> bool:
+    return isinstance(x, (str, bytes, os.PathLike))
+
+
 def _dtype(dtype):
     if dtype is None or dtype == "auto" or isinstance(dtype, torch.dtype):
         return dtype
@@ -295,10 +299,10 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
         For a tokenizer given as a path, or a loaded model given without its tokenizer.
     """
     dtype = _dtype(dtype)
-    if tokenizer is not None and (isinstance(tokenizer, (str, bytes)) or hasattr(tokenizer, "__fspath__")):
+    if tokenizer is not None and _is_path(tokenizer):
         raise TypeError(f"tokenizer must be a loaded tokenizer, not the path {str(tokenizer)!r}: pass "
                         "AutoTokenizer.from_pretrained(path), or leave it out to load the model path's own")
-    if isinstance(model_or_path, (str, bytes)) or hasattr(model_or_path, "__fspath__"):
+    if _is_path(model_or_path):
         model, tokenizer = _load(str(model_or_path), tokenizer, dtype, from_pretrained)
     else:
         if from_pretrained:
