@@ -28,6 +28,7 @@ from transformers import DynamicCache
 
 from continuous import continuous, generate, samplers
 from continuous.ban import BanList
+from continuous.kv import CACHE_ARG
 
 
 def ban_lists(free_texts: list[str], seed: int = 0) -> dict[str, list[str]]:
@@ -62,7 +63,7 @@ def hand_loop(hf, tok, prompt_ids, n, seed, ban: BanList, reuse_cache: bool):
         nonlocal forwarded, calls
         forwarded += len(new_ids)
         calls += 1
-        out = hf(torch.tensor([new_ids]), past_key_values=cache, use_cache=True, logits_to_keep=1,
+        out = hf(torch.tensor([new_ids]), **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1,
                  position_ids=torch.arange(past_len, past_len + len(new_ids))[None])
         return out.logits[0, -1].float()
 

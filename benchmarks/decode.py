@@ -15,17 +15,18 @@ from common import emit, median, random_text, setup, timed
 from transformers import DynamicCache
 
 from continuous import continuous, generate
+from continuous.kv import CACHE_ARG
 
 
 def hf_decode(model, ids, n):
     """Prefill then greedy-decode ``n`` tokens with one DynamicCache; returns decode seconds."""
     with torch.no_grad():
         cache = DynamicCache(config=model.config)
-        out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = model(ids, **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1)
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         start = time.perf_counter()
         for _ in range(n):
-            token = model(token, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+            token = model(token, **{CACHE_ARG: cache}, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
     return time.perf_counter() - start
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from transformers import DynamicCache
 
 from continuous import continuous, generate
+from continuous.kv import CACHE_ARG
 
 
 class Answer(BaseModel):
@@ -56,7 +57,7 @@ def ideal_turns(hf, tok, constraint, system, messages, max_tokens):
         matcher = constraint.matcher()
         with torch.no_grad():
             for _ in range(max_tokens):
-                out = hf(torch.tensor([pending], device=device), past_key_values=cache, use_cache=True, logits_to_keep=1)
+                out = hf(torch.tensor([pending], device=device), **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1)
                 allowed = bool_mask(matcher, bitmask, vocab).to(device, non_blocking=True)
                 logits = out.logits[0, -1].masked_fill(~allowed, -torch.inf)
                 token = int(logits.argmax())

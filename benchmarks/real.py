@@ -27,6 +27,7 @@ from support.real import smollm2
 from transformers import DynamicCache
 
 from continuous import chat, continuous, generate, models
+from continuous.kv import CACHE_ARG
 
 QUESTIONS = ["What is the capital of France?", "And of Italy?", "And of Japan?", "Which is the largest?",
              "How many people live there?", "Name a famous dish from there.", "What language is spoken there?",
@@ -66,7 +67,7 @@ def ideal_chat(model, questions, max_tokens):
         with torch.no_grad():
             for _ in range(max_tokens):
                 ids = torch.tensor([pending], device=hf.device)
-                logits = hf(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+                logits = hf(ids, **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1).logits[0, -1]
                 forwarded += len(pending)
                 token = int(logits.argmax())
                 if token in stop:

@@ -18,14 +18,22 @@ rewound or cropped anywhere, which a rolling window could not serve.
 
 from __future__ import annotations
 
+import inspect
 import threading
 
 import torch
+from transformers import GenerationMixin
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-__all__ = ["KVCache", "ForwardCache", "StaticStepCache", "capacity_for"]
+__all__ = ["CACHE_ARG", "KVCache", "ForwardCache", "StaticStepCache", "capacity_for"]
 
 _MIN_CAPACITY = 64
+
+#: The keyword under which transformers' ``forward()`` and ``generate()`` take a cache:
+#: ``cache`` since transformers renamed ``past_key_values`` (which it still accepts for a
+#: while, with a warning, in models but not in a model class of ours).
+CACHE_ARG = ("cache" if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+             else "past_key_values")
 
 
 class _Buffer:

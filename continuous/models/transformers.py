@@ -8,7 +8,7 @@ import weakref
 
 import torch
 
-from ..kv import ForwardCache, KVCache, StaticStepCache
+from ..kv import CACHE_ARG, ForwardCache, KVCache, StaticStepCache
 from .base import Stats, check_layout, stop_ids
 from .masks import attention_masks, check_supported, layer_windows, near, positions
 
@@ -120,7 +120,7 @@ class Transformers:
                 embeds_like = torch.empty((rows, n, 0), dtype=self.dtype, device=device)
                 masks = attention_masks(self.model.config, self.windows, embeds_like, mask, fc, at, holes)
                 out = self.model(input_ids=input_ids, attention_mask=masks, position_ids=at,
-                                 past_key_values=fc, use_cache=True, logits_to_keep=logits_to_keep)
+                                 **{CACHE_ARG: fc}, use_cache=True, logits_to_keep=logits_to_keep)
         except BaseException:
             fc.abort()
             raise
@@ -189,7 +189,7 @@ class Transformers:
 
     def _step(self, input_ids, position_ids, masks, cache, keep):
         return self.model(input_ids=input_ids, attention_mask=masks, position_ids=position_ids,
-                          past_key_values=cache, use_cache=True, logits_to_keep=keep).logits.float()
+                          **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=keep).logits.float()
 
 
 #: What names the checkpoint: the tokenizer is loaded with these too.

@@ -4,6 +4,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from continuous.kv import CACHE_ARG
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # the first test also starts the swarm
 
 
@@ -65,7 +67,7 @@ def test_left_padded_batch(remote_model, local_model):
 
 
 def _local_logits(local_model, ids, cache, **kwargs):
-    return local_model(ids, past_key_values=cache, use_cache=True, **kwargs).logits
+    return local_model(ids, **{CACHE_ARG: cache}, use_cache=True, **kwargs).logits
 
 
 def _remote_logits(remote_model, session, ids, **kwargs):

@@ -1,6 +1,6 @@
 """A transformers causal LM whose blocks run in the swarm: embeddings, norm and head are local.
 
-``generate()`` is transformers' own: the model's ``past_key_values`` is a
+``generate()`` is transformers' own: the model's cache is a
 :class:`SwarmSessionCache` that only knows the session's position and turns beam search's
 ``reorder_cache`` into the ``hypo_ids`` of the next step, so every decoding strategy of
 transformers works unchanged.
@@ -21,6 +21,7 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from continuous.kv import CACHE_ARG
 from continuous.remote.client.head import RowBatcher
 from continuous.remote.client.routing import SwarmClient
 from continuous.remote.client.session import InferenceSession
@@ -56,6 +57,16 @@ class SwarmSessionCache(Cache):
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
         return self.session.max_length
+
+    # The cache has no layer objects here; transformers reads these to know that it is an
+    # attention cache (so that a call on a session's tokens forwards only the new ones).
+    @property
+    def is_linear(self) -> list[bool]:
+        return [False]
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         # Compose with a reorder not yet applied (never happens in generate(), but cheap).
@@ -218,29 +229,29 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
             self.swarm.shutdown()
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.LongTensor | None = None, past_key_values: SwarmSessionCache | None = None,
-                inputs_embeds: torch.Tensor | None = None, logits_to_keep: int = 0, **kwargs
-                ) -> CausalLMOutputWithPast:
-        """Logits of the new tokens; the blocks run in the session of ``past_key_values``.
+                position_ids: torch.LongTensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                logits_to_keep: int = 0, **kwargs) -> CausalLMOutputWithPast:
+        """Logits of the new tokens; the blocks run in the session of the cache passed.
 
-        Without a :class:`SwarmSessionCache`, a session is opened for this call only.
+        The cache comes as ``cache`` or ``past_key_values`` (the name transformers used
+        before); without a :class:`SwarmSessionCache`, a session is opened for this call only.
         """
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if inputs_embeds is None:
             inputs_embeds = self.embed(input_ids)
         rows, n = inputs_embeds.shape[:2]
-        if not isinstance(past_key_values, SwarmSessionCache):
+        if not isinstance(cache, SwarmSessionCache):
             with self.inference_session(max_length=n, batch_size=rows) as session:
                 return self.forward(attention_mask=attention_mask, position_ids=position_ids,
-                                    past_key_values=SwarmSessionCache(session), inputs_embeds=inputs_embeds,
-                                    logits_to_keep=logits_to_keep)
+                                    inputs_embeds=inputs_embeds, logits_to_keep=logits_to_keep,
+                                    cache=SwarmSessionCache(session))
         # An all-ones mask is the default: only padding (holes) needs to travel.
         if attention_mask is None or bool(attention_mask.all()):
             attention_mask = position_ids = None
-        hidden = past_key_values.session.step(inputs_embeds, past_key_values.pop_hypo_ids(),
-                                              attention_mask=attention_mask, position_ids=position_ids)
+        hidden = cache.session.step(inputs_embeds, cache.pop_hypo_ids(), attention_mask=attention_mask,
+                                    position_ids=position_ids)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.logits(hidden[:, keep])
-        return CausalLMOutputWithPast(logits=logits, past_key_values=past_key_values)
+        return CausalLMOutputWithPast(logits=self.logits(hidden[:, keep]), **{CACHE_ARG: cache})
 
     @torch.no_grad()
     def generate(self, inputs: torch.Tensor | None = None, *args, session: InferenceSession | None = None,
@@ -282,7 +293,7 @@ class DistributedModelForCausalLM(PreTrainedModel, GenerationMixin):
                           else config.eos_token_id)
         cache = SwarmSessionCache(session)
         try:
-            result = super().generate(inputs, *args, attention_mask=attention_mask, past_key_values=cache, **kwargs)
+            result = super().generate(inputs, *args, attention_mask=attention_mask, **{CACHE_ARG: cache}, **kwargs)
         except BaseException:
             # Positions computed by the failed call hold tokens it never returned.
             session.position = min(session.position, record.position)

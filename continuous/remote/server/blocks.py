@@ -12,6 +12,7 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from continuous.kv import CACHE_ARG
 from continuous.models.masks import layer_windows, near
 from continuous.remote.server.memory import MemoryBudget, SessionCache
 from continuous.remote.wire.checkpoint import load_config, model_class, read_weights
@@ -196,7 +197,7 @@ class Blocks(nn.Module):
         x = x.to(self.dtype_)
         position_embeddings = self.rotary(x, position_ids)
         for i, layer in enumerate(self.layers[start - self.start : end - self.start], start):
-            x = layer(x, attention_mask=mask[self.windows[i]], position_ids=position_ids, past_key_values=cache,
+            x = layer(x, attention_mask=mask[self.windows[i]], position_ids=position_ids, **{CACHE_ARG: cache},
                       position_embeddings=position_embeddings)
         for s in steps:
             s.cache.commit(s.hidden.shape[1])
