@@ -11,7 +11,8 @@ watched while decoding, and ``value`` is validated; an instance reaches the user
 the grammar, the watch and the validation all take it.
 
 ``--generate N`` also generates from N of the relaxed schemas with a random-weight model
-of the Llama-3 tokenizer: how many finish with a valid value, how many raise, and
+of the Llama-3 tokenizer (or, with ``--generate-model smollm2``, the trained
+SmolLM2-135M-Instruct): how many finish with a valid value, how many raise, and
 whether any value that fails validation is returned without an error.
 
 Instances are serialized as compact JSON (``separators=(",", ":")``, non-ASCII kept),
@@ -395,6 +396,8 @@ def main() -> None:
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--save", action="store_true", help="write benchmarks/results/jsonschema.json")
     parser.add_argument("--generate", type=int, default=0, help="generate from this many relaxed schemas")
+    parser.add_argument("--generate-model", choices=["random", "smollm2"], default="random",
+                        help="the model that generates (smollm2: the trained instruct model, fetched once)")
     args = parser.parse_args()
     engines = [e for e in args.engines.split(",") if e]
     per_split = None if args.full else 2 if args.quick else args.per_split
@@ -437,31 +440,44 @@ def main() -> None:
               "timeout_s": timeout_s, "wall_s": round(wall, 1)}
     if args.generate:
         relaxed = [(n, c) for n, c in cases if results.get(("llguidance", n), {}).get("counts", {}).get("relaxed")]
-        result["generation"] = generation(relaxed[: args.generate])
+        result["generation"] = generation(relaxed[: args.generate], args.generate_model)
     emit("jsonschema", table, result, args.save)
 
 
-def generation(cases) -> dict:
-    """Greedy JSON from each schema with a random-weight Llama of the Llama-3 tokenizer.
+def generation(cases, model_name: str = "random") -> dict:
+    """Greedy JSON from each schema, at most 512 tokens.
 
-    Counts the values that validate, the calls whose value raises (cut short, or no way
-    on within the schema), and the values returned without an error that fail the schema
-    (the figure that must be 0).
+    ``random``: a random-weight Llama of the Llama-3 tokenizer after a plain prompt.
+    ``smollm2``: SmolLM2-135M-Instruct asked, in its chat template, for a document of the
+    schema (its text cut at 4,000 characters). Counts the finish reasons, the values that
+    validate, the calls whose value raises (cut short, or no way on within the schema), and
+    the values returned without an error that fail the schema (the figure that must be 0).
     """
     import warnings
 
-    from support.models import build_arch
-
-    from continuous import continuous, generate, models
+    from continuous import chat, continuous, generate, models
     from continuous.engines.schema import validator
 
-    hf, tok = build_arch("llama", max_position_embeddings=1024)
-    model = models.transformers(hf, tok)
+    if model_name == "smollm2":
+        from support.real import smollm2
+
+        model = models.transformers(smollm2())
+
+        def prompt(schema) -> str:
+            ask = "Write one JSON document valid against this JSON Schema:\n" + json.dumps(schema)[:4000]
+            return chat.prompt(model, [{"role": "user", "content": ask}])
+    else:
+        from support.models import build_arch
+
+        model = models.transformers(*build_arch("llama", max_position_embeddings=1024))
+
+        def prompt(schema) -> str:
+            return "A JSON document:\n"
     counts = collections.Counter()
     for name, case in cases:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            state = continuous(generate.json(model, case["schema"]))("A JSON document:\n", max_tokens=512)
+            state = continuous(generate.json(model, case["schema"]))(prompt(case["schema"]), max_tokens=512)
         counts[state.finish_reasons[0]] += 1
         try:
             value = state.value
@@ -470,9 +486,9 @@ def generation(cases) -> dict:
             continue
         counts["valid"] += 1
         counts["invalid_returned"] += not validator(case["schema"]).is_valid(value)
-    return {"schemas": len(cases), "finish_reasons": {k: counts[k] for k in ("eos", "length", "ban_exhausted")},
+    return {"schemas": len(cases), "model": model_name,
+            "finish_reasons": {k: counts[k] for k in ("eos", "length", "ban_exhausted")},
             **{k: counts[k] for k in ("valid", "raised", "invalid_returned")}}
-
 
 if __name__ == "__main__":
     main()
