@@ -153,6 +153,9 @@ class BanMatcher:
 
     __slots__ = ("ban", "before", "text", "states", "pattern_from", "pending")
 
+    #: What the last match broke, for a watch over a schema; a ban list's matches are banned phrases.
+    broken = None
+
     def __init__(self, ban: BanList, before: str = ""):
         self.ban = ban
         self.before = before  # the character before the generated text ("" at the start)

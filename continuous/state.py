@@ -43,6 +43,17 @@ class CutShort(str):
     """A row's generated text that its constraint did not accept whole (``value`` raises for it)."""
 
 
+#: What ``value``'s error says cut a row short, by its finish reason.
+_CUT_BY = {
+    "length": "max_tokens",
+    "stop": "a stop string",
+    "context": "the end of the model's context",
+    "ban_exhausted": "bans: every way on was banned (a banned phrase, or a value its schema forbids; see the "
+                     "BanExhausted warning)",
+    None: "max_tokens, a stop string or the end of the context",
+}
+
+
 class SequenceState:
     """The text of ``batch_size * num_samples`` rows, their weights and their KV cache.
 
@@ -157,9 +168,9 @@ class SequenceState:
                 parsed.append(None)
                 continue
             if isinstance(text, CutShort):
+                reason = self._reasons[r] if self._reasons is not None else None
                 raise ValueError(f"row {r}'s generated text {str(text)!r} is not a whole match of its "
-                                 "constraint: the generation was cut short (max_tokens, a stop string or "
-                                 "the end of the context)")
+                                 f"constraint: it was cut short by {_CUT_BY.get(reason, _CUT_BY[None])}")
             try:
                 parsed.append(self._parse(text) if self._parse is not None else text)
             except Exception as exc:

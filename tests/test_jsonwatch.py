@@ -89,3 +89,27 @@ def test_held_text_starts_at_the_outermost_open_value():
     assert watch.held() == len('{"tags": ["a"')
     watch.feed("]}")
     assert watch.held() == 0
+
+
+ONE_OF = {"type": "object", "properties": {"tagid": {"type": "string"}, "tagId": {"type": "string"},
+                                           "floor": {"type": "number"}},
+          "oneOf": [{"required": ["tagid"]}, {"required": ["tagId"]}]}
+
+
+def test_exclusive_members_go_back_to_the_second_one_or_to_the_brace():
+    text = '{"tagid": "a", "tagId": "b"}'  # both: the second member goes (from its comma)
+    assert feed(ONE_OF, {"oneOf"}, text)[1] == [(text.index(", "), 0.0, len(text) - 1)]
+    text = '{"floor": 1}'  # neither: one more member before the brace
+    assert feed(ONE_OF, {"oneOf"}, text)[1] == [(len(text) - 1, 0.0, len(text))]
+    text = '{"tagId": "b", "tagid": "a", "floor": 1}'  # the second one goes, with what follows it
+    assert feed(ONE_OF, {"oneOf"}, text)[1] == [(text.index(", "), 0.0, len(text) - 1)]
+    # A branch that fails only for a missing member can still be met: more members.
+    union = {"type": "object", "oneOf": [
+        {"properties": {"kind": {"const": "a"}, "x": {}}, "required": ["kind", "x"], "additionalProperties": False},
+        {"properties": {"kind": {"const": "b"}, "y": {}}, "required": ["kind", "y"], "additionalProperties": False}]}
+    text = '{"kind": "a"}'
+    assert feed(union, {"oneOf"}, text)[1] == [(len(text) - 1, 0.0, len(text))]
+    assert feed(union, {"oneOf"}, '{"kind": "a", "y": 1, "x": 2}')[1] != []  # y would have to go
+    text = '{"kind": "a", "y": 1}'  # the wrong partner: it goes
+    assert feed(union, {"oneOf"}, text)[1] == [(text.index(", "), 0.0, len(text) - 1)]
+    assert feed(ONE_OF, {"oneOf"}, '{"floor": 1, "tagId": "b"}')[1] == []

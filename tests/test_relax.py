@@ -81,10 +81,10 @@ def test_a_value_the_grammar_allows_but_the_schema_forbids_is_avoided_while_deco
 
 def test_no_way_on_ends_with_an_error_naming_the_keyword(model):
     impossible = {"type": "string", "enum": ["a"], "not": {"const": "a"}}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", BanExhausted)
+    with pytest.warns(BanExhausted, match=r"a value its schema forbids \('not' at /\)"):
         state = continuous(generate.json(model, impossible))("Letter: ", max_tokens=10)
-    with pytest.raises(ValueError):
+    assert state.finish_reasons == ["ban_exhausted"]
+    with pytest.raises(ValueError, match="every way on was banned"):
         state.value
 
 
@@ -92,3 +92,12 @@ def _tok():
     from support.models import build_tokenizer
 
     return build_tokenizer(1000)
+
+
+def test_value_says_what_cut_a_row_short(model):
+    gen = continuous(generate.json(model, {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+                                   sampler=None))
+    state = gen("Numbers: ", max_tokens=2)
+    assert state.finish_reasons == ["length"]
+    with pytest.raises(ValueError, match="cut short by max_tokens"):
+        state.value

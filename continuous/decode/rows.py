@@ -252,7 +252,8 @@ class RowState:
 
 
 def warn_exhausted(r: int, row: RowState) -> None:
-    warnings.warn(f"row {r} could not avoid a banned phrase (or a value its schema forbids) after {row.rewinds} "
-                  f"rewinds: it ends with its longest clean prefix ({len(row.tokens)} tokens)", BanExhausted,
-                  stacklevel=5)
+    broken = [w.broken for w in row.watchers if w.broken]
+    what = f"a value its schema forbids ({'; '.join(broken)})" if broken else "a banned phrase"
+    warnings.warn(f"row {r} could not avoid {what} after {row.rewinds} rewinds: it ends with its longest clean "
+                  f"prefix ({len(row.tokens)} tokens)", BanExhausted, stacklevel=5)
     row.finish("ban_exhausted")

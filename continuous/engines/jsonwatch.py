@@ -7,8 +7,10 @@ dropped (``not``, ``uniqueItems``, ``if``/``then``...). A value that breaks one 
 match, as a banned phrase is, with its span: the row rewinds to the first token it chose
 within the value (the tokens the grammar forced could not be otherwise, the first choice
 decided the value) and forbids that token there, so generation goes on within the schema.
-An object that lacks a property is matched at its closing brace, so the row writes more
-before closing it; an array that lacks an item it must contain, at its last item. An item
+An object that lacks a property (also one of the members of a ``oneOf`` of ``required``)
+is matched at its closing brace, so the row writes more before closing it; an object that
+its last members break (a second exclusive member), from the first of them; an array
+that lacks an item it must contain, at its last item. An item
 that repeats an earlier one of a ``uniqueItems`` array is caught as soon as it completes.
 """
 
@@ -108,6 +110,7 @@ class _Frame:
     index: int = 0
     items: list = field(default_factory=list)  # completed items, where uniqueItems applies
     last: tuple | None = None  # the span of its last completed member
+    members: list = field(default_factory=list)  # where an object's members start: the comma before, or the key
 
 
 @dataclass
@@ -121,7 +124,8 @@ class _Scan:
     key: bool = False  # the string being read is an object's key
 
     def copy(self) -> "_Scan":
-        frames = [_Frame(f.kind, f.start, f.path, f.key, f.index, list(f.items), f.last) for f in self.stack]
+        frames = [_Frame(f.kind, f.start, f.path, f.key, f.index, list(f.items), f.last, list(f.members))
+                  for f in self.stack]
         return _Scan(frames, self.scalar, self.string, self.escape, self.key)
 
 
@@ -133,6 +137,7 @@ class JsonWatch:
         self.text = ""
         self.scan = _Scan()
         self.marks: list[tuple[int, _Scan]] = [(0, _Scan())]  # the scan after each piece, for rewinds
+        self.broken: str | None = None  # what the last violation broke, in words (for the exhausted warning)
 
     def feed(self, piece: str) -> list[tuple[int, float, int]]:
         """Add text; return ``(start, 0.0, end)`` of the innermost value it completes that breaks the schema."""
@@ -168,6 +173,7 @@ class JsonWatch:
     def copy(self) -> "JsonWatch":
         new = JsonWatch.__new__(JsonWatch)
         new.checks, new.text, new.scan, new.marks = self.checks, self.text, self.scan.copy(), list(self.marks)
+        new.broken = self.broken
         return new
 
     # ------------------------------------------------------------------ scanning
@@ -187,6 +193,8 @@ class JsonWatch:
         if c == '"':
             scan.string, scan.scalar = True, i
             scan.key = frame is not None and frame.kind == "{" and frame.key is None
+            if scan.key and frame.index == 0:
+                frame.members.append(i)
         elif c in "{[":
             scan.stack.append(_Frame(c, i, self._path()))
         elif c in "}]":
@@ -194,6 +202,8 @@ class JsonWatch:
             found += self._complete(frame.start, i + 1, frame.path, scan.stack[-1] if scan.stack else None, frame)
         elif c == ",":
             frame.key, frame.index = None, frame.index + 1
+            if frame.kind == "{":
+                frame.members.append(i)
         elif c not in ": \t\n\r" and scan.scalar is None:
             scan.scalar = i
         return found
@@ -226,15 +236,49 @@ class JsonWatch:
         value = json.loads(self.text[start:end])
         if unique:
             if value in parent.items:
+                self.broken = f"'uniqueItems' at {_where(parent.path)}"
                 return [(start, 0.0, end)]  # a repeated item: another one, or the end of the array
             parent.items.append(value)
         errors = [e for s in subschemas for e in self.checks.errors(s, value)]
         if not errors:
             return []
-        if own is not None and all(e.validator in _MISSING for e in errors):
+        keywords = ", ".join(sorted({f"'{e.validator}'" for e in errors}))
+        self.broken = f"{keywords} at {_where(path)}"
+        if own is not None and all(_missing(e) for e in errors):
             # An object lacking a property writes more before its brace; an array lacking
             # an item changes its last one (its length may be at its bound).
             if own.kind == "[" and own.last is not None:
                 return [(own.last[0], 0.0, own.last[1])]
             return [(end - 1, 0.0, end)]
+        if own is not None and own.kind == "{" and len(own.members) == len(value):
+            return [self._members_to_drop(own, value, subschemas, end)]
         return [(start, 0.0, end)]
+
+    def _members_to_drop(self, own: _Frame, value: dict, subschemas: list, end: int) -> tuple[int, float, int]:
+        """Where an object that breaks its schema goes back to: the fewest last members
+        without which nothing but missing members is wrong (a second exclusive member, say),
+        from the comma before them, so the row closes the object or writes other members."""
+        keys = list(value)
+        for k in range(len(keys) - 1, -1, -1):
+            kept = {key: value[key] for key in keys[:k]}
+            if all(_missing(e) for s in subschemas for e in self.checks.errors(s, kept)):
+                return own.members[k], 0.0, end - 1
+        return own.start, 0.0, end
+
+
+def _where(path: tuple) -> str:
+    """A place in a document as a JSON pointer (``/`` for the document itself)."""
+    return "/" + "/".join(str(step) for step in path)
+
+
+def _missing(error) -> bool:
+    """Whether an error is about something missing, also when a branch of a ``oneOf`` or
+    ``anyOf`` fails only for that (none of two exclusive members is there yet)."""
+    if error.validator in _MISSING:
+        return True
+    if error.validator not in ("oneOf", "anyOf") or not error.context:
+        return False
+    branches: dict = {}
+    for e in error.context:
+        branches.setdefault(e.relative_schema_path[0], []).append(e)
+    return any(all(_missing(e) for e in errors) for errors in branches.values())
