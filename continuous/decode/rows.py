@@ -82,7 +82,8 @@ class RowState:
         self.released = len(healed)  # characters already streamed (the re-spelled input was, as input)
         self.bans: dict[int, dict[int, float]] = {}  # position -> token -> factor (0: forbidden)
         # What watches the generated text and makes the row rewind on a match: the ban
-        # list's matcher, a relaxed JSON schema's watch (feed, finish, held, rewind, copy).
+        # list's matcher, a relaxed JSON schema's watch (feed, finish, held, rewind, copy, and
+        # ``broken``: what its last match broke, in words, for the exhausted warning).
         self.watchers = list(watchers)
         self.rewinds = 0
         self.forced_next: int | None = None  # the token the constraint forces next, taken at the next step

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from .schema import validator
+from .schema import place, validator
 
 __all__ = ["JsonWatch", "Checks"]
 
@@ -236,14 +236,14 @@ class JsonWatch:
         value = json.loads(self.text[start:end])
         if unique:
             if value in parent.items:
-                self.broken = f"'uniqueItems' at {_where(parent.path)}"
+                self.broken = f"'uniqueItems' at {place(parent.path)}"
                 return [(start, 0.0, end)]  # a repeated item: another one, or the end of the array
             parent.items.append(value)
         errors = [e for s in subschemas for e in self.checks.errors(s, value)]
         if not errors:
             return []
         keywords = ", ".join(sorted({f"'{e.validator}'" for e in errors}))
-        self.broken = f"{keywords} at {_where(path)}"
+        self.broken = f"{keywords} at {place(path)}"
         if own is not None and all(_missing(e) for e in errors):
             # An object lacking a property writes more before its brace; an array lacking
             # an item changes its last one (its length may be at its bound).
@@ -264,11 +264,6 @@ class JsonWatch:
             if all(_missing(e) for s in subschemas for e in self.checks.errors(s, kept)):
                 return own.members[k], 0.0, end - 1
         return own.start, 0.0, end
-
-
-def _where(path: tuple) -> str:
-    """A place in a document as a JSON pointer (``/`` for the document itself)."""
-    return "/" + "/".join(str(step) for step in path)
 
 
 def _missing(error) -> bool:

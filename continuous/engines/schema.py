@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["document", "text", "rewritten", "validator"]
+__all__ = ["document", "text", "rewritten", "validator", "place"]
 
 
 def document(schema) -> dict | bool:
@@ -59,6 +59,11 @@ def rewritten(node, rewrite):
         elif isinstance(value, dict):
             out[key] = rewritten(value, rewrite)
     return rewrite(out)
+
+
+def place(path) -> str:
+    """A place in a JSON document, for messages: its keys and indexes (``city``, ``tags/2``)."""
+    return "/".join(str(step) for step in path) or "the document"
 
 
 def validator(schema):

@@ -2,7 +2,7 @@ import inspect
 import json as _json
 
 from .. import engines
-from ..engines.schema import document, rewritten, validator
+from ..engines.schema import document, place, rewritten, validator
 from .base import SequenceGenerator, make
 from .types import schema_of
 
@@ -116,7 +116,7 @@ class _Validated:
         value = _json.loads(text)
         errors = sorted(self.validator.iter_errors(value), key=lambda e: list(e.path))
         if errors:
-            where = "/".join(str(p) for p in errors[0].path) or "the document"
-            raise ValueError(f"the generated JSON breaks the schema at {where} ({errors[0].validator}): "
-                             f"{errors[0].message}")
+            first = errors[0]
+            raise ValueError(f"the generated JSON breaks the schema at {place(first.path)} ({first.validator}): "
+                             f"{first.message}")
         return value
