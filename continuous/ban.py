@@ -29,6 +29,8 @@ from typing import Any
 
 import regex
 
+from .engines import Match
+
 __all__ = ["BanList", "BanMatcher"]
 
 #: A pattern whose match at the end of the text may not hold once more text follows.
@@ -164,8 +166,8 @@ class BanMatcher:
         self.pattern_from = [0]  # per length: where a pattern could still be matching
         self.pending: list[tuple[int, int, float]] = []  # phrase matches (start, end, factor) ending the text
 
-    def feed(self, piece: str) -> list[tuple[int, float]]:
-        """Add the text of a token; return the ``(start, factor)`` of every banned match it completes.
+    def feed(self, piece: str) -> list[Match]:
+        """Add the text of a token; return every banned match it completes.
 
         Matches come earliest first (and, at one start, a ban before a soft one).
         """
@@ -175,7 +177,7 @@ class BanMatcher:
         state, found = self.states[-1], []
         for i, c in enumerate(folded):
             at = start_len + i
-            found += [(s, f) for s, e, f in self.pending if e == at and not _is_word(piece[i])]
+            found += [Match(s, e, f) for s, e, f in self.pending if e == at and not _is_word(piece[i])]
             self.pending = [m for m in self.pending if m[1] > at]
             state = ban._step(state, c)
             self.states.append(state)
@@ -186,24 +188,24 @@ class BanMatcher:
                 if word_end:
                     self.pending.append((start, at + 1, factor))  # decided by the next character
                 else:
-                    found.append((start, factor))
+                    found.append(Match(start, at + 1, factor))
         since = self.pattern_from[-1]
         self.pattern_from.extend([since] * len(piece))
         if ban.patterns:
             found += self._patterns(since, final=False)
-        return sorted(set(found))
+        return _earliest(found)
 
-    def finish(self) -> list[tuple[int, float]]:
+    def finish(self) -> list[Match]:
         """The matches that the end of the row's text completes (what waited for the next character)."""
-        found = [(s, f) for s, _, f in self.pending]
+        found = [Match(s, e, f) for s, e, f in self.pending]
         if self.ban.patterns:
             found += self._patterns(self.pattern_from[-1], final=True)
-        return sorted(set(found))
+        return _earliest(found)
 
     def _char(self, i: int) -> str:
         return self.text[i] if i >= 0 else self.before
 
-    def _patterns(self, since: int, final: bool) -> list[tuple[int, float]]:
+    def _patterns(self, since: int, final: bool) -> list[Match]:
         found, earliest = [], len(self.text)
         for pattern, factor, looks_past in self.ban.patterns:
             m = pattern.search(self.text, since, partial=not final)
@@ -212,7 +214,7 @@ class BanMatcher:
             if m.partial or (looks_past and not final and m.end() == len(self.text)):
                 earliest = min(earliest, m.start())
             else:
-                found.append((m.start(), factor))
+                found.append(Match(m.start(), m.end(), factor))
                 # Reported once: a soft-banned match that stands is not reported again.
                 earliest = min(earliest, m.start() + 1)
         self.pattern_from[-1] = earliest
@@ -239,3 +241,8 @@ class BanMatcher:
         new.ban, new.before, new.text = self.ban, self.before, self.text
         new.states, new.pattern_from, new.pending = list(self.states), list(self.pattern_from), list(self.pending)
         return new
+
+
+def _earliest(matches: list[Match]) -> list[Match]:
+    """Each match once, earliest first (and, at one start, a ban before a soft one)."""
+    return sorted(set(matches), key=lambda m: (m.start, m.factor, m.end))

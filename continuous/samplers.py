@@ -88,7 +88,7 @@ class RowDraws:
         return torch.tensor([[float(torch.rand((), generator=g, dtype=torch.float64))] if c else [0.5]
                              for g, c in zip(self.streams, self.choosing)], dtype=torch.float64)
 
-    def select(self, rows: list[int]) -> None:
+    def select(self, rows: list[int], index: torch.Tensor | None = None) -> "RowDraws":
         """Reorder (and duplicate) rows: a repeated row gets a copy of its stream."""
         seen, streams = set(), []
         for i in rows:
@@ -101,6 +101,7 @@ class RowDraws:
             seen.add(i)
         self.streams = streams
         self.choosing = [self.choosing[i] for i in rows]
+        return self
 
 
 class Sampler:
@@ -197,8 +198,9 @@ class Multinomial(Sampler):
         else:
             u = torch.rand(logits.shape[0], 1, generator=rng, dtype=torch.float64).to(logits.device)
         cdf = logprobs.double().exp().cumsum(-1)
-        # The first token whose CDF exceeds the draw: it has a positive probability.
-        ids = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
+        # The first token whose CDF exceeds the draw: it has a positive probability. A row
+        # with nothing allowed finds none; it gets the last id, which the loop sees is forbidden.
+        ids = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
         ancestors = torch.arange(logits.shape[0], device=logits.device)
         return ids, ancestors, weights + logprobs.gather(1, ids[:, None]).squeeze(1)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import json
 from dataclasses import replace
 from typing import Any, Callable, Sequence
@@ -10,11 +12,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .decode import Decoding, Generation, Options
-from .errors import SampleMismatch
 from .generate.base import SequenceGenerator, make
 from .generate.types import parser_of
 from .layout import Rows
-from .samplers import Greedy, Multinomial, Sampler, check_seed
+from .samplers import Sampler
 from .state import CutShort, SequenceState, shape_rows
 
 __all__ = ["ContinuousGenerator", "Stream", "AsyncStream", "continuous"]
@@ -77,32 +78,15 @@ def _from_outlines(generator, output_type) -> SequenceGenerator:
                     "llguidance's: build it with one of these backends")
 
 
-class ContinuousGenerator:
-    """A generator that returns SequenceStates. Build it with :func:`continuous`."""
+def _signature(self, prompt, max_tokens: int | None = None, stop_at: str | Sequence[str] | None = None,
+               seed: int | None = None, rng: torch.Generator | None = None, heal: bool = False, *,
+               sampler: Sampler | None = None, temperature: float | None = None, top_p: float | None = None,
+               top_k: int | None = None, min_p: float | None = None, repetition_penalty: float | None = None,
+               logits_processors: Sequence[Any] | None = None, logprobs: int | None = None):
+    """The arguments of a call (``__call__``, ``stream``, ``acall`` and ``astream``)."""
 
-    def __init__(self, generator, fast_forward: bool = True, output_type: Any = None):
-        if isinstance(generator, SequenceGenerator):
-            if output_type is not None:
-                raise ValueError("output_type= is for outlines generators: those of continuous.generate "
-                                 "already give typed values (pass the type to generate.json or choice)")
-            self.generator = generator
-        else:
-            self.generator = _from_outlines(generator, output_type)
-        self.fast_forward = fast_forward
 
-    @property
-    def model(self):
-        return self.generator.model
-
-    def __repr__(self) -> str:
-        return f"continuous({self.generator.kind} generator, sampler={self.generator.sampler})"
-
-    def __call__(self, prompt, max_tokens: int | None = None, stop_at: str | Sequence[str] | None = None,
-                 seed: int | None = None, rng: torch.Generator | None = None, heal: bool = False, *,
-                 sampler: Sampler | None = None, temperature: float | None = None, top_p: float | None = None,
-                 top_k: int | None = None, min_p: float | None = None, repetition_penalty: float | None = None,
-                 logits_processors: Sequence[Any] | None = None, logprobs: int | None = None) -> SequenceState:
-        """Generate from prompts or continue a state.
+_ARGUMENTS = """
 
         Parameters
         ----------
@@ -113,7 +97,8 @@ class ContinuousGenerator:
             Most tokens generated per row.
         stop_at
             A string or list of strings ending a row when generated (they stay in the
-            state's text, not in ``value``).
+            state's text; not in ``value``, unless the string ends a whole match of the
+            generator's constraint, which then is the value).
         seed, rng
             Make sampling reproducible: an int seed, or a ``torch.Generator``.
         heal
@@ -137,96 +122,117 @@ class ContinuousGenerator:
             Keep each generated token's log-probability and its ``logprobs`` likeliest
             alternatives with theirs, in :attr:`SequenceState.logprobs`.
 
-        Returns
-        -------
-        SequenceState
-            The input continued; ``value`` holds this call's typed results.
+        Raises
+        ------
+        TypeError, ValueError
+            For an argument of the wrong type or value, or a combination that cannot be
+            served (checked when the call is made, before any step).
         """
-        return self._stream(prompt, max_tokens, stop_at, seed, rng, heal, sampler, temperature, top_p, top_k,
-                            min_p, repetition_penalty, logits_processors, logprobs).run()
 
-    def stream(self, prompt, *args, **kwargs) -> "Stream":
+
+def _call_arguments(method):
+    """Give ``method(self, prompt, arguments)`` the visible signature and documentation of a
+    call's arguments; it receives those given, by name."""
+    signature = inspect.signature(_signature)
+
+    def arguments(self, prompt, args, kwargs) -> dict:
+        given = signature.bind(self, prompt, *args, **kwargs).arguments
+        del given["self"], given["prompt"]
+        return given
+
+    if inspect.iscoroutinefunction(method):
+        @functools.wraps(method)
+        async def bound(self, prompt, *args, **kwargs):
+            return await method(self, prompt, arguments(self, prompt, args, kwargs))
+    else:
+        @functools.wraps(method)
+        def bound(self, prompt, *args, **kwargs):
+            return method(self, prompt, arguments(self, prompt, args, kwargs))
+
+    bound.__signature__ = signature.replace(return_annotation=inspect.signature(method).return_annotation)
+    bound.__doc__ = method.__doc__ + _ARGUMENTS
+    return bound
+
+
+class ContinuousGenerator:
+    """A generator that returns SequenceStates. Build it with :func:`continuous`."""
+
+    def __init__(self, generator, fast_forward: bool = True, output_type: Any = None):
+        if isinstance(generator, SequenceGenerator):
+            if output_type is not None:
+                raise ValueError("output_type= is for outlines generators: those of continuous.generate "
+                                 "already give typed values (pass the type to generate.json or choice)")
+            self.generator = generator
+        else:
+            self.generator = _from_outlines(generator, output_type)
+        self.fast_forward = fast_forward
+
+    @property
+    def model(self):
+        return self.generator.model
+
+    def __repr__(self) -> str:
+        return f"continuous({self.generator.kind} generator, sampler={self.generator.sampler})"
+
+    @_call_arguments
+    def __call__(self, prompt, arguments: dict) -> SequenceState:
+        """Generate from prompts or continue a state: the input continued, whose ``value``
+        holds this call's typed results."""
+        return self._stream(prompt, arguments).run()
+
+    @_call_arguments
+    def stream(self, prompt, arguments: dict) -> Stream:
         """Like ``__call__`` (same arguments), but yield the text of each new token as it is generated.
 
         Each item is shaped like ``value``: a ``str`` for one row, else lists over rows
         (``""`` for a row that produced no text this step, e.g. a finished row). The
         returned :class:`Stream`'s ``state`` is the state so far, at any time: after the
         last piece, after a ``break`` or after ``close()`` (its cache goes on from there).
-
-        Raises
-        ------
-        ValueError
-            With beam search: beams reorder at every step, so a piece would not say which
-            text it extends; call the generator instead.
-        """
-        stream = self._stream(prompt, *args, **kwargs)
+        With beam search it raises ``ValueError``: beams reorder at every step, so a piece
+        would not say which text it extends; call the generator instead."""
+        stream = self._stream(prompt, arguments)
         if stream.sampler.joint and stream.sampler.samples > 1:
             raise ValueError("beam search cannot stream: beams reorder at every step, so a piece would not "
                              "extend a fixed row; call the generator to get the final beams")
         return stream
 
-    async def acall(self, prompt, *args, **kwargs) -> SequenceState:
+    @_call_arguments
+    async def acall(self, prompt, arguments: dict) -> SequenceState:
         """``__call__`` for asyncio: each step runs in a worker thread, off the event loop.
 
         Cancelling the task stops the generation after the step under way; the input
-        state is unchanged and usable.
-        """
-        stream = self._stream(prompt, *args, **kwargs)
+        state is unchanged and usable."""
+        stream = self._stream(prompt, arguments)
         while True:
             done, item = await stream.astep()
             if done:
                 return item
 
-    def astream(self, prompt, *args, **kwargs) -> "AsyncStream":
+    @_call_arguments
+    def astream(self, prompt, arguments: dict) -> AsyncStream:
         """``stream`` for asyncio: ``async for piece in gen.astream(...)``, each step in a worker
         thread; its ``state`` is the state so far, as for :meth:`stream`."""
-        return AsyncStream(self.stream(prompt, *args, **kwargs))
+        return AsyncStream(self.stream(prompt, **arguments))
 
-    def _stream(self, prompt, max_tokens=None, stop_at=None, seed=None, rng=None, heal=False, sampler=None,
-                temperature=None, top_p=None, top_k=None, min_p=None, repetition_penalty=None,
-                logits_processors=None, logprobs=None) -> "Stream":
+    def _stream(self, prompt, arguments: dict) -> Stream:
         """Check a call's arguments (now, not when the steps run) and return its steps."""
-        model = self.generator.model
-        sampler = self._sampler(sampler, temperature, top_p, top_k, min_p)
+        model, generator = self.generator.model, self.generator
         rows, weights, batch_size, samples_in = self._rows_of(prompt)
-        samples = sampler.samples
-        if samples_in not in (1, samples):
-            raise SampleMismatch(f"the state has {samples_in} samples per prompt and the sampler makes {samples}")
-        options = Options(max_tokens=_check_count(max_tokens, "max_tokens"), stop_at=_check_stop_at(stop_at),
-                          rng=_check_rng(seed, rng), fast_forward=self.fast_forward, bans=self.generator.ban,
-                          heal=bool(heal), fork=samples if samples_in == 1 else 1,
-                          processors=_processors(repetition_penalty, logits_processors),
-                          logprobs=_check_count(logprobs, "logprobs"))
+        options = Options.from_call(generator, samples_in, self.fast_forward, **arguments)
+        samples = options.sampler.samples
 
         def start() -> Decoding:
-            return Decoding(model, rows, weights.reshape(-1), self.generator.constraint, sampler, options)
+            return Decoding(model, rows, weights.reshape(-1), generator.constraint, options)
 
         def state(result: Generation) -> SequenceState:
             texts = result.texts
             if result.complete is not None:
                 texts = [t if t is None or whole else CutShort(t) for t, whole in zip(texts, result.complete)]
             return SequenceState(model, result.rows, result.weights, batch_size, samples, texts,
-                                 self.generator.parse, result.reasons, result.logprobs)
+                                 generator.parse, result.reasons, result.logprobs)
 
         return Stream(start, state, lambda pieces: shape_rows([p or "" for p in pieces], batch_size, samples),
-                      sampler)
-
-    def _sampler(self, sampler, temperature, top_p, top_k, min_p) -> Sampler:
-        """The call's sampler: ``sampler``, the shorthand's multinomial, or the generator's."""
-        shorthand = {k: v for k, v in dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p).items()
-                     if v is not None}
-        if sampler is not None:
-            if shorthand:
-                raise ValueError(f"give sampler= or {', '.join(shorthand)}, not both")
-            if not isinstance(sampler, Sampler):
-                raise TypeError(f"sampler must come from continuous.samplers, got {type(sampler).__name__}")
-            return sampler
-        if not shorthand:
-            return self.generator.sampler
-        samples = self.generator.sampler.samples
-        if shorthand == {"temperature": 0}:
-            return Greedy(samples)
-        return Multinomial(samples, **shorthand)
+                      options.sampler)
 
     def _rows_of(self, prompt) -> tuple[Rows, torch.Tensor, int, int]:
         model = self.generator.model
@@ -245,45 +251,6 @@ class ContinuousGenerator:
             raise TypeError(f"prompt must be a str, a list of str or a SequenceState, got {type(prompt).__name__}")
         rows = Rows.from_texts(model.tokenizer, prompt)
         return rows, torch.zeros(len(prompt), 1), len(prompt), 1
-
-
-def _check_count(value, name: str):
-    """A non-negative int, or ``None``."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
-    return value
-
-
-def _check_stop_at(stop_at) -> list[str]:
-    if stop_at is None:
-        return []
-    if isinstance(stop_at, str):
-        return [stop_at]
-    if isinstance(stop_at, (list, tuple)) and all(isinstance(s, str) for s in stop_at):
-        return list(stop_at)
-    raise TypeError("stop_at must be a str or a list of str")
-
-
-def _check_rng(seed, rng):
-    if seed is not None and rng is not None:
-        raise ValueError("give seed or rng, not both")
-    if check_seed(seed) is not None:
-        return torch.Generator().manual_seed(seed)
-    if rng is not None and not isinstance(rng, torch.Generator):
-        raise TypeError(f"rng must be a torch.Generator, got {type(rng).__name__}")
-    return rng
-
-
-def _processors(repetition_penalty, logits_processors) -> tuple:
-    processors = list(logits_processors or ())
-    if not all(callable(p) for p in processors):
-        raise TypeError("logits_processors must be callables (input_ids, scores) -> scores, such as "
-                        "transformers LogitsProcessor objects")
-    if repetition_penalty is not None:
-        from transformers import RepetitionPenaltyLogitsProcessor
-
-        processors.insert(0, RepetitionPenaltyLogitsProcessor(float(repetition_penalty)))
-    return tuple(processors)
 
 
 class Stream:
@@ -331,15 +298,24 @@ class Stream:
             if done:
                 return item
 
-    async def astep(self) -> tuple[bool, Any]:
-        """:meth:`step` in a worker thread. Cancelled, the generation stops after the step under way."""
-        running = asyncio.get_running_loop().run_in_executor(None, self.step)
+    async def astep(self, keep_yielded: bool = False) -> tuple[bool, Any]:
+        """:meth:`step` in a worker thread. Cancelled, the generation stops after the step under way;
+        ``keep_yielded``: the state then leaves out that step, whose piece was never yielded."""
+
+        def step():
+            before = self.state if keep_yielded else None  # what the consumer has seen
+            return before, self.step()
+
+        running = asyncio.get_running_loop().run_in_executor(None, step)
         try:
-            return await asyncio.shield(running)
+            return (await asyncio.shield(running))[1]
         except asyncio.CancelledError:
             # The step cannot be interrupted: let it end, then close, so that nothing runs on after.
             await asyncio.wait([running])
             self.close()
+            if keep_yielded and running.exception() is None:
+                before, (done, _) = running.result()
+                self._final = self._final if done else before
             raise
 
     def close(self) -> None:
@@ -375,7 +351,7 @@ class AsyncStream:
         return self
 
     async def __anext__(self) -> Any:
-        done, item = await self._stream.astep()
+        done, item = await self._stream.astep(keep_yielded=True)
         if done:
             raise StopAsyncIteration
         return item

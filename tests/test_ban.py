@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from continuous import BanExhausted, continuous, generate, samplers
 from continuous.ban import BanList
+from continuous.engines import Match
 
 ALPHABET = "abcAB "
 phrases_st = st.lists(st.text(alphabet=ALPHABET, min_size=1, max_size=4), min_size=1, max_size=6)
@@ -37,8 +38,8 @@ def all_matches(phrases, text):
                 continue
             if word(q[-1]) and i + len(q) < len(low) and word(low[i + len(q)]):
                 continue
-            found.add((i, 0.0))
-    return sorted(found)
+            found.add(Match(i, i + len(q)))
+    return sorted(found, key=lambda m: (m.start, m.end))
 
 
 @settings(max_examples=200, deadline=None)
@@ -49,7 +50,7 @@ def test_every_match_on_word_boundaries_is_found_whatever_the_pieces(phrases, te
     for piece in pieces(text, cuts):
         found += matcher.feed(piece)
     found += matcher.finish()
-    assert sorted(set(found)) == all_matches(phrases, text)
+    assert sorted(set(found), key=lambda m: (m.start, m.end)) == all_matches(phrases, text)
 
 
 def test_a_phrase_matches_whole_words_only():
@@ -57,21 +58,21 @@ def test_a_phrase_matches_whole_words_only():
     assert matcher.feed("banana, a") == []  # "a" ends the text: the next character decides
     assert matcher.held() == 1
     assert matcher.feed("n") == []  # "an": not the word "a"
-    assert matcher.feed(" a ") == [(11, 0.0)]
-    assert matcher.feed("the end") == [] and matcher.finish() == [(13, 0.0)]
+    assert matcher.feed(" a ") == [Match(11, 12)]
+    assert matcher.feed("the end") == [] and matcher.finish() == [Match(13, 20)]
     after = BanList(["a"]).matcher(before="Mam")
     assert after.feed("a b") == []  # the text before the generated text counts: "Mama"
 
 
 def test_a_ban_nested_in_a_soft_one_is_found_too():
     matcher = BanList({"om": 0.9, "omar": 0}).matcher()
-    assert matcher.feed("omar ") == [(0, 0.0)]  # "om" is no whole word here
+    assert matcher.feed("omar ") == [Match(0, 4)]  # "om" is no whole word here
     matcher = BanList({"om ar": 0.9, "om": 0}).matcher()
-    assert matcher.feed("om ar ") == [(0, 0.0), (0, 0.9)]  # both, the ban first
+    assert matcher.feed("om ar ") == [Match(0, 2), Match(0, 5, 0.9)]  # both, the ban first
 
 
 def test_case_folding_is_unicode_case_folding():
-    assert BanList(["ΟΔΟΣ"]).matcher().feed("η οδος.") == [(2, 0.0)]
+    assert BanList(["ΟΔΟΣ"]).matcher().feed("η οδος.") == [Match(2, 6)]
     assert BanList(["straße"]).matcher().feed("die STRASSE.") == []  # no per-character folding of ß
 
 
@@ -82,9 +83,9 @@ def test_a_pattern_that_looks_past_its_match_waits_for_more_text():
         twin = matcher.copy()
         assert matcher.feed(later) == []  # "food": no match
         if kills is not None:
-            assert twin.feed(kills) == [(2, 0.0)], pattern
+            assert twin.feed(kills) == [Match(2, 5)], pattern
         else:
-            assert twin.finish() == [(2, 0.0)]
+            assert twin.finish() == [Match(2, 5)]
 
 
 @settings(max_examples=200, deadline=None)
@@ -119,13 +120,13 @@ def test_patterns_are_found_and_held_while_partial():
     matcher = BanList([regex.compile(r"not \w+ but")]).matcher()
     assert matcher.feed("it is not") == [] and matcher.held() == 3
     assert matcher.feed(" this") == [] and matcher.held() == len("not this")
-    assert matcher.feed(" but that") == [(6, 0.0)]
+    assert matcher.feed(" but that") == [Match(6, 18)]
 
 
 def test_case_and_soft_factors():
-    assert BanList(["Tapestry"]).matcher().feed("a TAPESTRY.") == [(2, 0.0)]
+    assert BanList(["Tapestry"]).matcher().feed("a TAPESTRY.") == [Match(2, 10)]
     assert BanList(["Tapestry"], case_sensitive=True).matcher().feed("a TAPESTRY.") == []
-    assert BanList({"tapestry": 0.5}).matcher().feed("tapestry ") == [(0, 0.5)]
+    assert BanList({"tapestry": 0.5}).matcher().feed("tapestry ") == [Match(0, 8, 0.5)]
 
 
 @pytest.mark.parametrize("bad, error", [([""], ValueError), ("tapestry", TypeError), ([3], TypeError),
@@ -226,3 +227,15 @@ def test_a_streamed_piece_is_never_taken_back_by_a_rewind_to_its_token(model):
     gen = continuous(generate.text(model, ban=[banned]))
     streamed = "".join(gen.stream(prompt, max_tokens=24))
     assert streamed == gen(prompt, max_tokens=24).value
+
+
+def test_a_phrase_whose_tokens_were_all_forced_rewinds_to_the_choice_that_made_it_whole(model):
+    # "City: Paris" is forced once "C" is sampled: the last real choice is to end after "Paris".
+    for make in (lambda: generate.regex(model, r"City: (Paris|Parisian)", ban=["Paris"]),
+                 lambda: generate.choice(model, ["City: Paris", "City: Parisian"], ban=["Paris"]),
+                 lambda: generate.choice(model, ["Paris", "Parisian"], ban=["Paris"])):
+        for fast_forward in (True, False):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", BanExhausted)
+                state = continuous(make(), fast_forward=fast_forward)("Where?")
+            assert state.value.endswith("Parisian") and state.finish_reasons == ["eos"]

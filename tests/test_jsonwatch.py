@@ -21,8 +21,14 @@ def feed(schema, dropped, text, pieces=1):
     for i in range(0, len(text), pieces):
         found = watch.feed(text[i:i + pieces])
         if found:
-            return watch, found
-    return watch, watch.finish()
+            return watch, _spans(found)
+    return watch, _spans(watch.finish())
+
+
+def _spans(matches):
+    """``(start, factor, end)`` of value matches."""
+    assert all(m.value for m in matches)
+    return [(m.start, m.factor, m.end) for m in matches]
 
 
 def test_a_repeated_item_goes_back_into_it():

@@ -129,3 +129,31 @@ def test_a_stream_closed_before_it_starts_generates_nothing(gen):
     stream = gen.stream("Quiet", max_tokens=5)
     stream.close()
     assert list(stream) == [] and str(stream.state) == "Quiet"
+
+
+def test_a_cancelled_async_for_keeps_only_what_it_yielded(model, gen):
+    async def main():
+        stream = gen.astream("A long story:", max_tokens=400)
+        got = []
+
+        async def consume():
+            async for piece in stream:
+                got.append(piece)
+
+        task = asyncio.create_task(consume())
+        while len(got) < 3:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return got, stream.state
+
+    got, state = asyncio.run(main())
+    assert str(state) == "A long story:" + "".join(got)
+
+
+def test_a_healed_stream_closed_before_its_first_piece_has_an_empty_value(gen):
+    stream = gen.stream("Visit https://www.exa", heal=True, max_tokens=5)
+    stream.close()
+    assert stream.state.value == "" == gen("Visit https://www.exa", heal=True, max_tokens=0).value
+    assert str(stream.state) == "Visit https://www.exa"

@@ -1,16 +1,25 @@
 """The decode step: the loop and the named units it is made of.
 
-- :mod:`.loop`: prepare (heal, top up, fork), then per step: logits processors, the
-  sampler, the one host transfer, reorder, advance each row, forward.
+- :mod:`.options`: what a call asks of the loop, checked once (``Options.from_call``).
+- :mod:`.loop`: prepare (heal, top up, fork), then per step: processors, the sampler,
+  the one host transfer, reorder, advance each row, forward.
+- :mod:`.batch`: every per-row array of a call, reordered together.
+- :mod:`.rows`: each row's text part (pieces, stop strings, streaming) and history part
+  (tokens, bans, what a rewind undoes).
+- :mod:`.finish`: why a row stopped.
+- :mod:`.constraints`: each row's constraint matcher and allowed tokens on the device (the
+  loop's one way to the engines).
+- :mod:`.processors`: what shapes the scores before the sampler.
 - :mod:`.prefill`: forward what a call's cache does not cover.
 - :mod:`.grid`: the slots, holes and attention mask a call appends to.
-- :mod:`.rows`: per-row text, stop strings, bans and rewinds.
-- :mod:`.constraints`: each row's constraint matcher and allowed tokens on the device.
-- :mod:`.processors`: what shapes the scores before the sampler.
 - :mod:`.overlap`: the host transfer and the step queued behind it.
+- :mod:`.result`: the rows and texts a call hands back.
 """
 
-from .loop import Decoding, Generation, Options
+from .finish import Finish
+from .loop import Decoding
+from .options import Options, check_rewinds
 from .prefill import top_up
+from .result import Generation
 
-__all__ = ["Decoding", "Generation", "Options", "top_up"]
+__all__ = ["Decoding", "Finish", "Generation", "Options", "check_rewinds", "top_up"]

@@ -7,9 +7,12 @@ torch ops, so logits never leave the device.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
-from ..engines import bits
+from ..engines import Watch, bits
+from ..heal import heal_matchers
 
 __all__ = ["RowConstraints"]
 
@@ -40,16 +43,17 @@ class RowConstraints:
     device
         Where the logits are.
     also_eos
-        Other ids that end a row (a chat model's end of turn): allowed wherever EOS is.
+        The ids that end a row (a chat model's end of turn too): allowed wherever EOS is.
     """
 
     def __init__(self, constraint, rows: int, vocab_size: int, n_tokens: int, eos: int | None,
-                 device: torch.device, matchers: list | None = None, also_eos: tuple[int, ...] = ()):
+                 device: torch.device, matchers: list | None = None, also_eos: Sequence[int] = ()):
+        self.constraint = constraint
         if matchers is None and constraint is not None:
             matchers = [constraint.matcher() for _ in range(rows)]
         self.matchers = matchers
         self.vocab_size, self.eos, self.device = vocab_size, eos, device
-        self.also_eos = list(also_eos)
+        self.also_eos = sorted(set(also_eos) - {eos})
         self.bitmask = torch.zeros((rows, bits.words(vocab_size)), dtype=torch.int32,
                                    pin_memory=device.type == "cuda")
         self.single: list[int | None] = [None] * rows  # the one allowed token of a row, if one
@@ -61,6 +65,23 @@ class RowConstraints:
         if self.matchers is not None:
             for r in range(rows):
                 self._refresh(r)
+
+    @classmethod
+    def of_call(cls, constraint, model, rows, removed: list[str], device: torch.device) -> "RowConstraints":
+        """The constraints of a call's rows; rows that healing backed up spell ``removed`` first."""
+        tokenizer = model.tokenizer
+        return cls(constraint, rows.n_rows, model.vocab_size, len(tokenizer), tokenizer.eos_token_id, device,
+                   heal_matchers(tokenizer, rows, removed, constraint), also_eos=model.eos_token_ids)
+
+    def watch(self) -> Watch | None:
+        """A new row's watch over what the constraint could not enforce in its grammar (``None``: nothing)."""
+        return self.constraint.watch() if self.constraint is not None else None
+
+    def complete(self) -> list[bool] | None:
+        """Per row, whether the constraint accepts the text so far (``None`` for free text)."""
+        if self.constraint is None:
+            return None
+        return [m.accepting() for m in self.matchers]
 
     def _refresh(self, row: int) -> None:
         self.matchers[row].fill(self.bitmask[row])
@@ -102,7 +123,7 @@ class RowConstraints:
         """Whether nothing but EOS may follow in this row."""
         return self.matchers is not None and self.single[row] == self.eos
 
-    def select(self, rows: list[int]) -> None:
+    def select(self, rows: list[int], index: torch.Tensor | None = None) -> "RowConstraints":
         """Reorder (and duplicate) rows in place, for beams and forks."""
         if self.matchers is not None:
             seen = set()
@@ -115,3 +136,4 @@ class RowConstraints:
         self.bitmask = self.bitmask[rows].contiguous()
         if self.device.type == "cuda":
             self.bitmask = self.bitmask.pin_memory()
+        return self

@@ -51,13 +51,14 @@ class Grid:
         self._ones = torch.ones((rows.n_rows, 1), dtype=torch.bool, device=device)
         self.last_real: torch.Tensor | None = None  # [rows, width] of the last append, on the device
 
-    def reorder(self, rows: list[int], index: torch.Tensor) -> None:
+    def select(self, rows: list[int], index: torch.Tensor) -> "Grid":
         """Keep rows ``rows`` (host list) in that order; ``index`` is the same on the device."""
         self.attention_mask = self.attention_mask[index]
         self.token_ids, self.real = self.token_ids[rows], self.real[rows]
         self.columns = [[col[a] for a in rows] for col in self.columns]
         self.reals = [[col[a] for a in rows] for col in self.reals]
         self.trailing = [self.trailing[a] for a in rows]
+        return self
 
     def hole_at(self, row: int, slot: int) -> None:
         """Turn a generated token's slot into a hole."""

@@ -16,9 +16,10 @@ from typing import Protocol
 import torch
 
 from .constraints import RowConstraints
-from .rows import RowState
+from .rows import RowView
 
-__all__ = ["Scores", "Processor", "External", "Constrained", "Forced", "Banned", "Finished", "ForkRanking", "run"]
+__all__ = ["Scores", "Processor", "External", "Constrained", "Forced", "Banned", "Finished", "ForkRanking", "run",
+           "pipeline"]
 
 
 @dataclass
@@ -34,13 +35,13 @@ class Scores:
     step
         The step's index in the call (0 first).
     rows
-        Each row's :class:`~continuous.decode.rows.RowState`.
+        Each row's :class:`~continuous.decode.rows.RowView` at this step.
     """
 
     logits: torch.Tensor
     rank: torch.Tensor
     step: int
-    rows: list[RowState]
+    rows: list[RowView]
 
 
 class Processor(Protocol):
@@ -59,7 +60,7 @@ class External:
         self.processors, self.pad = list(processors), pad
 
     def __call__(self, scores: Scores) -> None:
-        ids = [row.context + row.tokens for row in scores.rows]
+        ids = [[*row.context, *row.tokens] for row in scores.rows]
         width = max(map(len, ids))
         input_ids = torch.tensor([[self.pad] * (width - len(i)) + i for i in ids], device=scores.logits.device)
         logits = scores.logits.clone()  # some processors write in place; the loop's logits stay as they were
@@ -85,7 +86,7 @@ class Forced:
     forced tokens come one per step: they are the same tokens, and carry no weight)."""
 
     def __call__(self, scores: Scores) -> None:
-        forced = [(r, row.forced_next) for r, row in enumerate(scores.rows) if row.forced_next is not None]
+        forced = [(r, row.forced) for r, row in enumerate(scores.rows) if row.forced is not None]
         if not forced:
             return
         logits = scores.logits.clone()
@@ -101,11 +102,10 @@ class Banned:
     def __call__(self, scores: Scores) -> None:
         rows, tokens, shifts = [], [], []
         for r, row in enumerate(scores.rows):
-            if not row.finished:
-                for t, factor in row.bans.get(len(row.tokens), {}).items():
-                    rows.append(r)
-                    tokens.append(t)
-                    shifts.append(-math.inf if factor == 0 else math.log(factor))
+            for t, factor in row.banned.items():
+                rows.append(r)
+                tokens.append(t)
+                shifts.append(-math.inf if factor == 0 else math.log(factor))
         if not rows:
             return
         logits = scores.logits
@@ -146,8 +146,21 @@ class ForkRanking:
             scores.rank = rank.view(-1)
 
 
-def run(processors: list[Processor], scores: Scores) -> Scores:
-    """Apply every processor in order."""
+def pipeline(options, constraints: RowConstraints, pad: int, eos: int | None, ends: set[int]) -> list[Processor]:
+    """A call's processors, in order: the user's, the constraint, forced tokens, bans,
+    finished rows (which "emit" ``eos``, or another end id, at no cost), beam ranking."""
+    processors = [Constrained(constraints), Forced(), Banned(), Finished(eos if eos is not None else min(ends, default=0))]
+    if options.processors:
+        processors.insert(0, External(options.processors, pad))
+    if options.sampler.joint and options.fork > 1:
+        processors.append(ForkRanking(options.fork))
+    return processors
+
+
+def run(processors: list[Processor], logits: torch.Tensor, rank: torch.Tensor, step: int, rows: list[RowView]
+        ) -> Scores:
+    """Apply every processor in order to one step's scores."""
+    scores = Scores(logits, rank, step, rows)
     for processor in processors:
         processor(scores)
     return scores

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-__all__ = ["Constraint", "Matcher", "ENGINES", "DEFAULT_ENGINE", "EngineFallbackWarning", "check_engine",
+__all__ = ["Constraint", "Matcher", "Watch", "Match", "ENGINES", "DEFAULT_ENGINE", "EngineFallbackWarning", "check_engine",
            "json_schema", "regex", "grammar"]
 
 #: The engine names ``engine=`` accepts.
@@ -134,10 +135,56 @@ class Constraint(Protocol):
     def matcher(self) -> Matcher:
         """A matcher at the start of the constraint."""
 
-    def watch(self):
-        """What watches a row's text for what the grammar could not enforce (``None``: nothing).
+    def watch(self) -> "Watch | None":
+        """What watches a row's text for what the grammar could not enforce (``None``: nothing)."""
 
-        It feeds on the text (``feed(piece)`` returns the ``(start, factor)`` of each match to
-        rewind to), and has ``finish()``, ``held()``, ``rewind(length)`` and ``copy()``, as a
-        ban list's matcher.
-        """
+
+@dataclass(frozen=True)
+class Match:
+    """Text a :class:`Watch` found in a row that the row must not keep: it rewinds.
+
+    Attributes
+    ----------
+    start, end
+        The match's characters in the watched text (``end`` excluded).
+    factor
+        0 forbids the token the rewind goes back to, at its position; a factor in
+        ``(0, 1]`` multiplies its probability there (a soft ban).
+    value
+        A value its schema forbids: the rewind goes back to the first token the row
+        chose within it (that choice decided the value). Otherwise a phrase: back to
+        the token where it starts.
+    """
+
+    start: int
+    end: int
+    factor: float = 0.0
+    value: bool = False
+
+    def shifted(self, by: int) -> "Match":
+        """The same match in a text that has ``by`` more characters before it."""
+        return Match(self.start + by, self.end + by, self.factor, self.value)
+
+
+class Watch(Protocol):
+    """What follows one row's generated text for matches to rewind on: a ban list's matcher,
+    or a relaxed JSON schema's watch over what its grammar does not enforce."""
+
+    #: What the last match broke, in words, for the warning when a row gives up (``None``:
+    #: a banned phrase).
+    broken: str | None
+
+    def feed(self, piece: str) -> list[Match]:
+        """Add text; return the matches it completes, earliest first."""
+
+    def finish(self) -> list[Match]:
+        """The matches that the end of the text completes (what waited for what follows)."""
+
+    def held(self) -> int:
+        """Trailing characters a later match could still take back (a stream holds them)."""
+
+    def rewind(self, length: int) -> None:
+        """Go back to the first ``length`` characters fed."""
+
+    def copy(self) -> "Watch":
+        """An independent watch at the same place."""

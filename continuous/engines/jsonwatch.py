@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from . import Match
 from .schema import place, validator
 
 __all__ = ["JsonWatch", "Checks"]
@@ -139,17 +140,17 @@ class JsonWatch:
         self.marks: list[tuple[int, _Scan]] = [(0, _Scan())]  # the scan after each piece, for rewinds
         self.broken: str | None = None  # what the last violation broke, in words (for the exhausted warning)
 
-    def feed(self, piece: str) -> list[tuple[int, float, int]]:
-        """Add text; return ``(start, 0.0, end)`` of the innermost value it completes that breaks the schema."""
+    def feed(self, piece: str) -> list[Match]:
+        """Add text; return the innermost value it completes that breaks the schema (as a value match)."""
         found = []
         for i, c in enumerate(piece, len(self.text)):
             self.text += c
             found += self._char(i, c)
         self.marks.append((len(self.text), self.scan.copy()))
         # A piece may complete an item and its array at once: the innermost value is what to change.
-        return [max(found)] if found else []
+        return [max(found, key=lambda m: (m.start, m.end))] if found else []
 
-    def finish(self) -> list[tuple[int, float, int]]:
+    def finish(self) -> list[Match]:
         """The violations that the end of the text completes (a number that ends the document)."""
         scan = self.scan
         if scan.scalar is not None and not scan.string and not scan.stack:
@@ -237,7 +238,7 @@ class JsonWatch:
         if unique:
             if value in parent.items:
                 self.broken = f"'uniqueItems' at {place(parent.path)}"
-                return [(start, 0.0, end)]  # a repeated item: another one, or the end of the array
+                return [Match(start, end, value=True)]  # a repeated item: another one, or the end of the array
             parent.items.append(value)
         errors = [e for s in subschemas for e in self.checks.errors(s, value)]
         if not errors:
@@ -248,13 +249,13 @@ class JsonWatch:
             # An object lacking a property writes more before its brace; an array lacking
             # an item changes its last one (its length may be at its bound).
             if own.kind == "[" and own.last is not None:
-                return [(own.last[0], 0.0, own.last[1])]
-            return [(end - 1, 0.0, end)]
+                return [Match(own.last[0], own.last[1], value=True)]
+            return [Match(end - 1, end, value=True)]
         if own is not None and own.kind == "{" and len(own.members) == len(value):
             return [self._members_to_drop(own, value, subschemas, end)]
-        return [(start, 0.0, end)]
+        return [Match(start, end, value=True)]
 
-    def _members_to_drop(self, own: _Frame, value: dict, subschemas: list, end: int) -> tuple[int, float, int]:
+    def _members_to_drop(self, own: _Frame, value: dict, subschemas: list, end: int) -> Match:
         """Where an object that breaks its schema goes back to: the fewest last members
         without which nothing but missing members is wrong (a second exclusive member, say),
         from the comma before them, so the row closes the object or writes other members."""
@@ -262,8 +263,8 @@ class JsonWatch:
         for k in range(len(keys) - 1, -1, -1):
             kept = {key: value[key] for key in keys[:k]}
             if all(_missing(e) for s in subschemas for e in self.checks.errors(s, kept)):
-                return own.members[k], 0.0, end - 1
-        return own.start, 0.0, end
+                return Match(own.members[k], end - 1, value=True)
+        return Match(own.start, end, value=True)
 
 
 def _missing(error) -> bool:

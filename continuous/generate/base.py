@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..ban import BanList
+from ..decode.options import check_rewinds
 from ..models.base import Model
 from ..samplers import Greedy, Sampler
 
@@ -47,9 +48,7 @@ class SequenceGenerator:
     def __post_init__(self):
         if not isinstance(self.sampler, Sampler):
             raise TypeError(f"sampler must come from continuous.samplers, got {type(self.sampler).__name__}")
-        if self.ban is not None and self.sampler.joint and self.sampler.samples > 1:
-            raise ValueError("ban= does not work with beam search: a rewind would have to re-rank every beam; "
-                             "use greedy or multinomial sampling")
+        check_rewinds(self.sampler, self.ban, self.constraint)
 
     @property
     def engine(self) -> str | None:

@@ -70,7 +70,7 @@ def test_reorder_moves_every_row_of_the_grid():
     grid.append([[10, 11], [20]], plain=False, rewound=False)
     before_ids, before_real = grid.layout()
     order = [1, 1, 0]
-    grid.reorder(order, torch.tensor(order))
+    grid.select(order, torch.tensor(order))
     ids, real = grid.layout()
     assert torch.equal(ids, before_ids[order]) and torch.equal(real, before_real[order])
     _check_device_mask(grid)

@@ -13,12 +13,13 @@ from continuous.decode.processors import (
     Scores,
     run,
 )
-from continuous.decode.rows import RowState
+from continuous.decode.finish import Finish
+from continuous.decode.rows import RowState, RowView
 from continuous.engines import regex
 
 
-def _rows(tokenizer, n):
-    return [RowState(tokenizer, [tokenizer.bos_token_id], "", (0,)) for _ in range(n)]
+def _rows(tokenizer, n, finished=()):
+    return [RowView(r in finished, None, {}, (tokenizer.bos_token_id,), []) for r in range(n)]
 
 
 def _scores(tokenizer, n=2, vocab=None, step=0):
@@ -49,21 +50,26 @@ def test_free_text_never_emits_ids_past_the_tokenizer(tokenizer):
 
 
 def test_bans_at_a_rows_position_forbid_or_down_weight():
-    scores = Scores(torch.zeros(2, 5), torch.zeros(2), 0, [])
-    rows = [RowState.__new__(RowState) for _ in range(2)]
-    for row, bans, tokens in zip(rows, [{0: {1: 0.0, 2: 0.5}}, {3: {4: 0.0}}], [[], []]):
-        row.finished, row.bans, row.tokens = False, bans, tokens
-    scores.rows = rows
+    rows = [RowView(False, None, {1: 0.0, 2: 0.5}, (0,), []), RowView(False, None, {}, (0,), [])]
+    scores = Scores(torch.zeros(2, 5), torch.zeros(2), 0, rows)
     before = scores.logits
     Banned()(scores)
     assert scores.logits[0, 1] == -math.inf and math.isclose(float(scores.logits[0, 2]), math.log(0.5), rel_tol=1e-6)
-    assert torch.equal(scores.logits[1], torch.zeros(5))  # its ban is at position 3, it is at 0
+    assert torch.equal(scores.logits[1], torch.zeros(5))  # nothing is banned where it is
     assert torch.equal(before, torch.zeros(2, 5))
+
+
+def test_a_row_view_holds_the_bans_of_its_current_position_only(tokenizer):
+    row = RowState.of(tokenizer, [tokenizer.bos_token_id], "", (0,))
+    row.history.bans = {0: {1: 0.0}, 3: {4: 0.0}}
+    assert row.view().banned == {1: 0.0}
+    row.finish(Finish.LENGTH)
+    assert row.view().banned == {} and row.view().finished
 
 
 def test_a_finished_row_only_emits_the_sentinel_at_no_cost(tokenizer):
     scores = _scores(tokenizer)
-    scores.rows[1].finished = True
+    scores.rows = _rows(tokenizer, 2, finished={1})
     before = scores.logits.clone()
     Finished(sentinel=7)(scores)
     assert torch.equal(scores.logits[0], before[0])
@@ -82,5 +88,6 @@ def test_forked_rows_are_ranked_by_their_first_only_at_the_first_step(tokenizer)
 
 def test_processors_run_in_order(tokenizer):
     calls = []
-    scores = run([lambda s: calls.append(1), lambda s: calls.append(2)], _scores(tokenizer))
+    given = _scores(tokenizer)
+    scores = run([lambda s: calls.append(1), lambda s: calls.append(2)], given.logits, given.rank, 0, given.rows)
     assert calls == [1, 2] and isinstance(scores, Scores)
