@@ -80,11 +80,12 @@ class SequenceState:
     """
 
     __slots__ = ("_rows", "_weights", "batch_size", "num_samples", "model", "_values", "_parse", "_reasons", "_logprobs",
-                 "__weakref__")
+                 "_costs", "__weakref__")
 
     def __init__(self, model, rows: Rows, weights: torch.Tensor, batch_size: int, num_samples: int,
                  values: Sequence[str] | None = None, parse: Callable[[str], Any] | None = None,
-                 reasons: Sequence[str | None] | None = None, logprobs: Sequence[list] | None = None):
+                 reasons: Sequence[str | None] | None = None, logprobs: Sequence[list] | None = None,
+                 costs: Sequence[float] | None = None):
         if rows.n_rows != batch_size * num_samples:
             raise ValueError(f"{rows.n_rows} rows is not {batch_size} prompts x {num_samples} samples")
         init = object.__setattr__  # attributes are read-only once built (__setattr__ below)
@@ -97,6 +98,7 @@ class SequenceState:
         init(self, "_parse", parse)
         init(self, "_reasons", tuple(reasons) if reasons is not None else None)
         init(self, "_logprobs", tuple(logprobs) if logprobs is not None else None)
+        init(self, "_costs", tuple(costs) if costs is not None else None)
         if rows.cache is not None:
             _HOLDERS.setdefault(rows.cache.storage()[0], weakref.WeakSet()).add(self)
 
@@ -195,9 +197,20 @@ class SequenceState:
 
         ``logprob`` is under the distribution the sampler drew from (after temperature,
         top-k, top-p, min-p and the constraint): a row's log-probabilities sum to what the
-        call added to its weight. A token the constraint forced has log-probability 0.
+        call added to its weight. A token the constraint forced has log-probability 0. A row
+        that ended by sampling an end id has a last entry for it (its weight counts it).
         """
         return [list(r) for r in self._logprobs] if self._logprobs is not None else None
+
+    @property
+    def constraint_cost(self) -> list[float] | None:
+        """Per row, the nats the constraint removed in the most recent call (``None`` before any):
+        the sum over the call's steps of ``-log`` of the probability mass that the constraint
+        allowed (after the logits processors, before the sampler's temperature and filters);
+        0 where the model never wanted a forbidden token, and for free text. A token forced
+        at a step costs ``-log`` of its probability; tokens that fast-forward forwards with
+        a step's token are not steps (``fast_forward=False`` makes every token one)."""
+        return list(self._costs) if self._costs is not None else None
 
     @property
     def cache_bytes(self) -> CacheBytes:
@@ -250,7 +263,7 @@ class SequenceState:
         return self._replace(self._rows.drop_cache())
 
     def _replace(self, rows: Rows, weights=None, batch_size=None, num_samples=None, values=..., reasons=...,
-                 logprobs=...):
+                 logprobs=..., costs=...):
         return SequenceState(
             self.model, rows, self._weights if weights is None else weights,
             self.batch_size if batch_size is None else batch_size,
@@ -258,6 +271,7 @@ class SequenceState:
             self._values if values is ... else values, self._parse,
             self._reasons if reasons is ... else reasons,
             self._logprobs if logprobs is ... else logprobs,
+            self._costs if costs is ... else costs,
         )
 
     # ------------------------------------------------------------------ indexing
@@ -275,6 +289,7 @@ class SequenceState:
                 None if self._values is None else [self._values[r] for r in rows],
                 None if self._reasons is None else [self._reasons[r] for r in rows],
                 None if self._logprobs is None else [self._logprobs[r] for r in rows],
+                None if self._costs is None else [self._costs[r] for r in rows],
             )
         if isinstance(char_key, slice):
             try:

@@ -229,7 +229,7 @@ class ContinuousGenerator:
             if result.complete is not None:
                 texts = [t if t is None or whole else CutShort(t) for t, whole in zip(texts, result.complete)]
             return SequenceState(model, result.rows, result.weights, batch_size, samples, texts,
-                                 generator.parse, result.reasons, result.logprobs)
+                                 generator.parse, result.reasons, result.logprobs, result.costs)
 
         return Stream(start, state, lambda pieces: shape_rows([p or "" for p in pieces], batch_size, samples),
                       options.sampler)

@@ -29,6 +29,8 @@ class Batch:
         ``[rows]`` each row's log-probability under the sampler, on the device.
     gained
         ``[rows, steps]`` what each step added to each row's weight (a rewind gives it back).
+    cost
+        ``[rows]`` the nats the constraint removed over the call's steps.
     cache
         The rows' KV cache.
     grid
@@ -47,6 +49,7 @@ class Batch:
     start: torch.Tensor
     weights: torch.Tensor
     gained: torch.Tensor
+    cost: torch.Tensor
     cache: Any
     grid: Grid
     constraints: RowConstraints

@@ -67,7 +67,7 @@ class Decoding:
         state = [RowState.of(self.tokenizer, rows.real_ids(r), rows.texts[r], rows.ends[r],
                              self._watches(watch, rows.texts[r] + removed[r]), removed[r]) for r in range(n)]
         self.batch = Batch(rows.logits, rows.logits, weights.to(device=device, dtype=torch.float32),
-                           torch.zeros(n, 16, device=device), rows.cache, Grid(rows, device), constraints,
+                           torch.zeros(n, 16, device=device), torch.zeros(n, device=device), rows.cache, Grid(rows, device), constraints,
                            RowDraws(n, options.rng) if self.sampler.random else None, state, [True] * n)
         self.pad = rows.pad
         # Each row's room is its own: the cache grows past the longest row's context.
@@ -105,6 +105,8 @@ class Decoding:
             # The one transfer of the step: ids, ancestors and which rows are left with no allowed token.
             no_token = scores.logits[ancestors, ids] == -torch.inf
             read = to_host(torch.stack([ids, ancestors, no_token.long()]))
+            if scores.cost is not None:
+                batch.cost = batch.cost + scores.cost
             queued = None
             if self.overlap and self.grid.all_real and step + 1 < max(self.steps) and running:
                 # Computed on the device while the host does its bookkeeping.
@@ -208,4 +210,4 @@ class Decoding:
         logprobs = None if self.options.logprobs is None else [
             logprob_texts(self.tokenizer, self.token_texts, row.history.logprobs) for row in rows]
         return Generation(out, batch.weights.cpu(), [row.value_text(w) for row, w in zip(rows, whole)],
-                          whole if accepts is not None else None, reasons, logprobs)
+                          whole if accepts is not None else None, reasons, logprobs, batch.cost.tolist())

@@ -36,12 +36,15 @@ class Scores:
         The step's index in the call (0 first).
     rows
         Each row's :class:`~continuous.decode.rows.RowView` at this step.
+    cost
+        ``[rows]`` the nats the constraint's mask removed at this step (``None``: free text).
     """
 
     logits: torch.Tensor
     rank: torch.Tensor
     step: int
     rows: list[RowView]
+    cost: torch.Tensor | None = None
 
 
 class Processor(Protocol):
@@ -70,15 +73,26 @@ class External:
 
 
 class Constrained:
-    """Forbid what each row's constraint does not allow next."""
+    """Forbid what each row's constraint does not allow next, and measure what that removed:
+    ``-log`` of the probability mass the constraint allowed (0 for a finished row)."""
 
     def __init__(self, constraints: RowConstraints):
         self.constraints = constraints
 
     def __call__(self, scores: Scores) -> None:
         allowed = self.constraints.allowed()
-        if allowed is not None:
-            scores.logits = scores.logits.masked_fill(~allowed, -torch.inf)
+        if allowed is None:
+            return
+        masked = scores.logits.masked_fill(~allowed, -torch.inf)
+        if self.constraints.constraint is not None:
+            kept = torch.logsumexp(masked.float(), -1)
+            # A row with nothing allowed takes no token: it removed nothing it went on with.
+            cost = torch.where(torch.isfinite(kept), torch.logsumexp(scores.logits.float(), -1) - kept, 0.0)
+            finished = [row.finished for row in scores.rows]
+            if any(finished):
+                cost = cost.masked_fill(torch.tensor(finished, device=cost.device), 0.0)
+            scores.cost = cost
+        scores.logits = masked
 
 
 class Forced:

@@ -25,6 +25,7 @@ class Generation:
     complete: list[bool] | None = None  # per row, whether the constraint accepts the text (None: free text)
     reasons: list[Finish | None] | None = None  # per row, why it stopped
     logprobs: list[list[tuple]] | None = None  # per row and generated token: (text, logprob, top alternatives)
+    costs: list[float] | None = None  # per row, the nats the constraint removed over the call's steps
 
 
 def rows_after(tokenizer, rows: list[RowState], grid: Grid, cache, logits: torch.Tensor, logits_ok: list[bool],
