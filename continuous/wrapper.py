@@ -198,18 +198,24 @@ class ContinuousGenerator:
                           processors=_processors(repetition_penalty, logits_processors),
                           logprobs=_check_count(logprobs, "logprobs"))
 
+        cached = 0
+
         def start() -> Decoding:
+            nonlocal rows, cached
+            rows, cached = self._reused(rows)
             return Decoding(model, rows, weights.reshape(-1), self.generator.constraint, sampler, options)
 
-        def state(result: Generation) -> SequenceState:
+        def state(result: Generation, final: bool = False) -> SequenceState:
             texts = result.texts
             if result.complete is not None:
                 texts = [t if t is None or whole else CutShort(t) for t, whole in zip(texts, result.complete)]
+            if final and model.prefix_cache is not None:
+                model.prefix_cache.insert(result.rows)
             return SequenceState(model, result.rows, result.weights, batch_size, samples, texts,
-                                 self.generator.parse, result.reasons, result.logprobs)
+                                 self.generator.parse, result.reasons, result.logprobs, tokens_cached=cached)
 
         return Stream(start, state, lambda pieces: shape_rows([p or "" for p in pieces], batch_size, samples),
-                      sampler)
+                      sampler, model.scheduler.executor)
 
     def _sampler(self, sampler, temperature, top_p, top_k, min_p) -> Sampler:
         """The call's sampler: ``sampler``, the shorthand's multinomial, or the generator's."""
@@ -245,6 +251,15 @@ class ContinuousGenerator:
             raise TypeError(f"prompt must be a str, a list of str or a SequenceState, got {type(prompt).__name__}")
         rows = Rows.from_texts(model.tokenizer, prompt)
         return rows, torch.zeros(len(prompt), 1), len(prompt), 1
+
+    def _reused(self, rows: Rows) -> tuple[Rows, int]:
+        """Fresh prompts on the model's prefix cache, if it keeps one; and the tokens it saved."""
+        kept = self.generator.model.prefix_cache
+        if kept is None or rows.cache is not None:
+            return rows, 0
+        rows, saved = kept.reuse(rows)
+        self.generator.model.stats.record_cached(saved)
+        return rows, saved
 
 
 def _check_count(value, name: str):
@@ -294,8 +309,9 @@ class Stream:
     """
 
     def __init__(self, start: Callable[[], Decoding], state: Callable[[Generation], SequenceState],
-                 shape: Callable[[list], Any], sampler: Sampler):
+                 shape: Callable[[list], Any], sampler: Sampler, executor=None):
         self._start, self._state, self._shape, self.sampler = start, state, shape, sampler
+        self.executor = executor
         self._decoding: Decoding | None = None
         self._steps = None
         self._snapshot: SequenceState | None = None
@@ -319,7 +335,7 @@ class Stream:
         try:
             pieces = next(self._steps)
         except StopIteration:
-            self._final = self._state(self._started().result())
+            self._final = self._state(self._started().result(), True)
             return True, self._final
         self._snapshot = None
         return False, self._shape(pieces)
@@ -333,7 +349,9 @@ class Stream:
 
     async def astep(self) -> tuple[bool, Any]:
         """:meth:`step` in a worker thread. Cancelled, the generation stops after the step under way."""
-        running = asyncio.get_running_loop().run_in_executor(None, self.step)
+        # The model's step threads: concurrent calls must all be computing at once to share
+        # forward passes, which asyncio's default pool (a few threads) would not allow.
+        running = asyncio.get_running_loop().run_in_executor(self.executor, self.step)
         try:
             return await asyncio.shield(running)
         except asyncio.CancelledError:

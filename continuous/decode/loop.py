@@ -152,6 +152,9 @@ class Decoding:
         # the next step is filled on the host while the device runs the step. Beams reorder
         # rows at every step, so they would give back nearly every queued step.
         self.overlap = model.overlap and not sampler.joint
+        # This call's place among the calls sharing the model's forward passes, until it
+        # ends; parked until its consumer asks for the first piece.
+        self.turn = model.scheduler.join(parked=True)
 
     def _watchers(self, constraint, before: str) -> list:
         """What watches a row's text for matches to rewind on: the bans, and what the constraint
@@ -161,6 +164,13 @@ class Decoding:
         return watchers + ([watch] if watch is not None else [])
 
     def __iter__(self) -> Iterator[list[str | None]]:
+        self.turn.resume()
+        try:
+            yield from self._steps()
+        finally:
+            self.turn.leave()
+
+    def _steps(self) -> Iterator[list[str | None]]:
         identity = list(range(len(self.rows)))
         step = 0
         while not all(row.finished for row in self.rows):
@@ -189,7 +199,9 @@ class Decoding:
                 row.slots.extend(taken)
             self.unforwarded = chunks  # until the forward below: a snapshot's rows recompute them
             try:
+                self.turn.park()  # the consumer holds the piece: other calls do not wait for this one
                 yield [row.release() for row in self.rows]
+                self.turn.resume()
             except GeneratorExit:
                 if queued is not None:
                     queued.give_back(count=False)
