@@ -23,7 +23,11 @@ import torch
 from .kv import stack
 from .layout import Rows
 
-__all__ = ["PrefixCache", "parse_bytes"]
+__all__ = ["PrefixCache", "parse_bytes", "MIN_REUSE"]
+
+#: The fewest tokens worth taking from a kept row: a shorter match (a BOS every prompt
+#: starts with) costs a copy of the cache for no saving.
+MIN_REUSE = 4
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -82,6 +86,13 @@ class PrefixCache:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def clear(self) -> None:
+        """Forget every kept row (their buffers are freed with the last state using them)."""
+        with self.lock:
+            self.root, self.bytes = _Node(), 0
+            self.entries.clear()
+            self.buffers.clear()
 
     def insert(self, rows: Rows) -> None:
         """Keep each row of ``rows`` (its cached tokens), evicting the least recently used rows past the budget."""
@@ -172,7 +183,7 @@ class PrefixCache:
             for r in range(rows.n_rows):
                 ids = rows.real_ids(r)
                 key, depth = self._longest(ids[:-1])
-                if key is None or depth == 0:
+                if key is None or depth < MIN_REUSE:
                     parts.append((None, 0))
                     continue
                 self.entries.move_to_end(key)
