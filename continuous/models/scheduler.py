@@ -12,9 +12,10 @@ for it.
 
 The queue is the scheduler's ``waiting`` list, under its lock; a round takes:
 
-- the narrow requests (decode steps, short forced runs) whose padding to a common width
-  would waste little, merged into one forward by the backend's ``run_joint``;
-- one chunk of ``prefill_chunk`` tokens of the oldest wide request (a long prompt's
+- the requests up to ``prefill_chunk`` tokens wide, in groups whose padding to a common
+  width wastes little (decode steps and short forced runs together, prompts of similar
+  lengths together), each group merged into one forward by the backend's ``run_joint``;
+- one chunk of ``prefill_chunk`` tokens of the oldest longer request (a long prompt's
   prefill), so that decoding rows keep moving between its chunks; the request's caller
   waits until its last chunk is done.
 
@@ -36,7 +37,9 @@ __all__ = ["Request", "Scheduler", "Turn", "PREFILL_CHUNK"]
 
 #: Tokens of a prefill forwarded per round while other calls decode.
 PREFILL_CHUNK = 512
-#: How long a round waits for a call that just handed a piece to its consumer (seconds).
+#: How long a round waits at least for a call that just handed a piece to its consumer
+#: (seconds); at most half of the last round's forward: a call that misses a round costs
+#: a whole forward later.
 GRACE = 0.002
 #: The longest a round waits for a call that is still computing its step (seconds).
 MAX_WAIT = 0.05
@@ -130,6 +133,7 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.by_request: dict[int, Turn] = {}  # id(request) -> the turn that sent it
         self.leading = False
+        self.last_forward = 0.0  # seconds the last round took
         self.cond = threading.Condition()
         self.local = threading.local()
         self._executor: ThreadPoolExecutor | None = None
@@ -215,10 +219,11 @@ class Scheduler:
         if now - min(r.arrived for r in self.waiting) > MAX_WAIT:
             return True
         asked = {id(t) for t in self.by_request.values()}
+        grace = max(GRACE, self.last_forward / 2)
         for turn in list(self.turns):
             if turn.left or id(turn) in asked:
                 continue
-            if not turn.parked or now - turn.parked_at < GRACE:
+            if not turn.parked or now - turn.parked_at < grace:
                 return False
         return True
 
@@ -230,32 +235,37 @@ class Scheduler:
         self.leading = True
         batch, self.waiting = self.waiting, []
         self.cond.release()
+        start = time.monotonic()
         try:
             later = self._round(batch)
         finally:
             self.cond.acquire()
             self.leading = False
+            self.last_forward = time.monotonic() - start
         # What the round did not finish (chunked prefills) goes first in the next one.
         self.waiting = later + self.waiting
         self.cond.notify_all()
 
     def _round(self, batch: list[Request]) -> list[Request]:
-        narrow, wide = split(batch, self.prefill_chunk)
-        if narrow:
-            self._settle(narrow, lambda: self.run_joint(narrow) if len(narrow) > 1 else [self.run_one(narrow[0])])
-        if wide:
-            first = wide[0]
-            part = first.chunk(self.prefill_chunk)
-            if part is None:
-                self._settle([first], lambda: [self.run_one(first)])
-            else:
-                try:
-                    _, cache = self.run_one(part)
-                    first.advance(part.width, cache)
-                except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                    first.error, first.done = exc, True
-            return [r for r in wide if not r.done]
-        return []
+        """Forward each group of requests that pad well together, then a chunk of the oldest long one."""
+        groups, wide = split(batch, self.prefill_chunk)
+        for group in groups:
+            self._settle(group, lambda g=group: self.run_joint(g) if len(g) > 1 else [self.run_one(g[0])])
+            with self.cond:  # their callers go on while the round forwards the other groups
+                self.cond.notify_all()
+        if not wide:
+            return []
+        first = wide[0]
+        part = first.chunk(self.prefill_chunk)
+        if part is None:
+            self._settle([first], lambda: [self.run_one(first)])
+        else:
+            try:
+                _, cache = self.run_one(part)
+                first.advance(part.width, cache)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                first.error, first.done = exc, True
+        return [r for r in wide if not r.done]
 
     def _settle(self, requests: list[Request], run: Callable[[], list]) -> None:
         """Run requests together; if that fails, each alone, so one bad request fails only its call."""
@@ -272,22 +282,24 @@ class Scheduler:
             r.result, r.done = result, True
 
 
-def split(batch: list[Request], chunk: int) -> tuple[list[Request], list[Request]]:
-    """The requests one padded forward takes (``narrow``), and the rest, oldest first.
+def split(batch: list[Request], chunk: int) -> tuple[list[list[Request]], list[Request]]:
+    """The groups of requests that each run as one padded forward, and the longer requests, oldest first.
 
-    Requests are padded to the widest one merged; narrow requests are taken from the
-    narrowest up while the padded slots stay at most twice the real ones: on a device
-    bound by reading the weights, a few more slots are free, many are not.
+    Requests are padded to the widest of their group; a group takes requests from the
+    narrowest up while its padded slots stay at most twice its real ones: on a device
+    bound by reading the weights, a few more slots are free, many are not. Requests
+    wider than ``chunk`` (long prefills) are cut into chunks, one per round.
     """
-    ordered = sorted(batch, key=lambda r: (r.width, r.arrived))
-    narrow, slots = [], 0
+    ordered = sorted((r for r in batch if r.width <= chunk), key=lambda r: (r.width, r.arrived))
+    groups: list[list[Request]] = []
+    group, rows, slots = [], 0, 0
     for r in ordered:
-        if r.width > chunk // 8:
-            break
-        slots += r.rows * r.width
-        if sum(q.rows for q in narrow + [r]) * r.width > 2 * slots and narrow:
-            break
-        narrow.append(r)
-    taken = {id(r) for r in narrow}
-    wide = sorted((r for r in batch if id(r) not in taken), key=lambda r: r.arrived)
-    return narrow, wide
+        if group and (rows + r.rows) * r.width > 2 * (slots + r.rows * r.width):
+            groups.append(group)
+            group, rows, slots = [], 0, 0
+        group.append(r)
+        rows, slots = rows + r.rows, slots + r.rows * r.width
+    if group:
+        groups.append(group)
+    wide = sorted((r for r in batch if r.width > chunk), key=lambda r: r.arrived)
+    return groups, wide

@@ -6,6 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from continuous import continuous, generate, models
@@ -203,24 +205,31 @@ def _request(width, rows=1):
     return Request(torch.zeros((rows, width), dtype=torch.long), None, None)
 
 
-def test_split_merges_narrow_requests_and_keeps_wide_ones_apart():
+def test_split_groups_requests_that_pad_well_and_keeps_long_ones_apart():
     ones = [_request(1) for _ in range(6)]
     forced = _request(3)
-    prefill = _request(200)
-    narrow, wide = split(ones + [forced, prefill], chunk=512)
-    assert narrow == ones  # with the forced run, 9 real slots would pad to 7 x 3 = 21
-    assert wide == [forced, prefill]
+    prompts = [_request(12), _request(14, rows=2)]
+    prefill = _request(600)
+    groups, wide = split(ones + [forced] + prompts + [prefill], chunk=512)
+    # With the forced run, 9 real slots would pad to 7 x 3 = 21: it goes with the prompts.
+    assert groups == [ones, [forced] + prompts]
+    assert wide == [prefill]
     pair = [_request(1), _request(1)]
-    narrow, wide = split(pair + [forced], chunk=512)
-    assert narrow == pair + [forced] and not wide  # 5 real slots padded to 9
+    groups, wide = split(pair + [forced], chunk=512)
+    assert groups == [pair + [forced]] and not wide  # 5 real slots padded to 9
 
 
-def test_split_never_pads_a_batch_to_more_than_twice_its_tokens():
-    batch = [_request(w) for w in (1, 1, 2, 8, 30, 64)]
-    narrow, wide = split(batch, chunk=512)
-    width = max(r.width for r in narrow)
-    assert len(narrow) * width <= 2 * sum(r.width for r in narrow)
-    assert set(map(id, narrow + wide)) == set(map(id, batch))
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 700), st.integers(1, 4)), min_size=1, max_size=20))
+def test_split_takes_every_request_once_and_never_pads_a_group_past_twice_its_tokens(shapes):
+    batch = [_request(w, rows) for w, rows in shapes]
+    groups, wide = split(batch, chunk=512)
+    taken = [r for g in groups for r in g] + wide
+    assert sorted(map(id, taken)) == sorted(map(id, batch))
+    for g in groups:
+        real = sum(r.rows * r.width for r in g)
+        assert sum(r.rows for r in g) * max(r.width for r in g) <= 2 * real or len(g) == 1
+    assert all(r.width > 512 for r in wide)
 
 
 def test_a_request_is_chunked_so_that_its_last_chunk_keeps_its_logits():
