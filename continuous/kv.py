@@ -25,7 +25,7 @@ import torch
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-__all__ = ["CACHE_ARG", "KVCache", "ForwardCache", "StaticStepCache", "capacity_for"]
+__all__ = ["CACHE_ARG", "KVCache", "ForwardCache", "StaticStepCache", "capacity_for", "stack", "extend"]
 
 _MIN_CAPACITY = 64
 
@@ -310,3 +310,48 @@ class StaticStepCache(Cache):
             buf.static = cls(buf, layer_kinds, write_at)
         buf.static.write_at = write_at
         return buf.static
+
+
+def stack(caches: "list[KVCache | None]", rows: list[int], extra: int) -> "KVCache | None":
+    """One cache whose rows are the given caches' rows, one after the other.
+
+    Each cache's slots ``[0, length)`` are copied to the same slots of its rows; slots past
+    a shorter cache are zeros (the caller's mask makes them holes). ``rows`` gives each
+    part's row count (a ``None`` part is all zeros), ``extra`` the slots to leave room for.
+    Returns ``None`` when no part holds anything.
+    """
+    like = next((c for c in caches if c is not None and c._buffer.keys), None)
+    if like is None:
+        return None
+    length = max(c.length if c is not None else 0 for c in caches)
+    out = _Buffer(sum(rows), capacity_for(length + extra))
+    with torch.inference_mode():
+        for index, (keys, values) in enumerate(zip(like._buffer.keys, like._buffer.values)):
+            k = keys.new_zeros((out.rows, keys.shape[1], out.capacity, keys.shape[3]))
+            v = values.new_zeros((out.rows, values.shape[1], out.capacity, values.shape[3]))
+            at = 0
+            for cache, n in zip(caches, rows):
+                if cache is not None and cache.length:
+                    k[at : at + n, :, : cache.length] = cache._buffer.keys[index][:, :, : cache.length]
+                    v[at : at + n, :, : cache.length] = cache._buffer.values[index][:, :, : cache.length]
+                at += n
+            out.keys.append(k)
+            out.values.append(v)
+    out.filled = length
+    return KVCache(out, length)
+
+
+def extend(cache: "KVCache | None", source: KVCache, rows: slice, slots: slice, layer_kinds: list[bool]
+           ) -> KVCache:
+    """``cache`` grown by the slots ``slots`` of rows ``rows`` of ``source`` (a joint forward's output).
+
+    The new slots are appended as a forward would write them: in place at the tip of the
+    cache's buffer, or into a copy.
+    """
+    n_rows = rows.stop - rows.start
+    n_new = slots.stop - slots.start
+    fc = ForwardCache(cache, n_rows, n_new, layer_kinds)
+    with torch.inference_mode():
+        for layer, keys, values in zip(fc.layers, source._buffer.keys, source._buffer.values):
+            layer.update(keys[rows, :, slots], values[rows, :, slots])
+    return fc.result()

@@ -77,15 +77,18 @@ class SequenceState:
     kv_cache
         The backend's cache object, ``None`` once reset.
     batch_size, num_samples, model
+    tokens_cached
+        Prompt tokens of the call that made this state which the model's prefix cache
+        supplied (over every row; 0 without a prefix cache).
     """
 
-    __slots__ = ("_rows", "_weights", "batch_size", "num_samples", "model", "_values", "_parse", "_reasons", "_logprobs",
-                 "_costs", "__weakref__")
+    __slots__ = ("_rows", "_weights", "batch_size", "num_samples", "model", "_values", "_parse", "_reasons",
+                 "_logprobs", "_costs", "tokens_cached", "__weakref__")
 
     def __init__(self, model, rows: Rows, weights: torch.Tensor, batch_size: int, num_samples: int,
                  values: Sequence[str] | None = None, parse: Callable[[str], Any] | None = None,
                  reasons: Sequence[str | None] | None = None, logprobs: Sequence[list] | None = None,
-                 costs: Sequence[float] | None = None):
+                 costs: Sequence[float] | None = None, tokens_cached: int = 0):
         if rows.n_rows != batch_size * num_samples:
             raise ValueError(f"{rows.n_rows} rows is not {batch_size} prompts x {num_samples} samples")
         init = object.__setattr__  # attributes are read-only once built (__setattr__ below)
@@ -99,6 +102,7 @@ class SequenceState:
         init(self, "_reasons", tuple(reasons) if reasons is not None else None)
         init(self, "_logprobs", tuple(logprobs) if logprobs is not None else None)
         init(self, "_costs", tuple(costs) if costs is not None else None)
+        init(self, "tokens_cached", tokens_cached)
         if rows.cache is not None:
             _HOLDERS.setdefault(rows.cache.storage()[0], weakref.WeakSet()).add(self)
 

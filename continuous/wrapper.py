@@ -221,18 +221,25 @@ class ContinuousGenerator:
         options = Options.from_call(generator, samples_in, self.fast_forward, **arguments)
         samples = options.sampler.samples
 
+        cached = 0
+
         def start() -> Decoding:
+            nonlocal rows, cached
+            rows, cached = self._reused(rows)
             return Decoding(model, rows, weights.reshape(-1), generator.constraint, options)
 
-        def state(result: Generation) -> SequenceState:
+        def state(result: Generation, final: bool = False) -> SequenceState:
             texts = result.texts
             if result.complete is not None:
                 texts = [t if t is None or whole else CutShort(t) for t, whole in zip(texts, result.complete)]
+            if final and model.prefix_cache is not None:
+                model.prefix_cache.insert(result.rows)
             return SequenceState(model, result.rows, result.weights, batch_size, samples, texts,
-                                 generator.parse, result.reasons, result.logprobs, result.costs)
+                                 generator.parse, result.reasons, result.logprobs, result.costs,
+                                 tokens_cached=cached)
 
         return Stream(start, state, lambda pieces: shape_rows([p or "" for p in pieces], batch_size, samples),
-                      options.sampler)
+                      options.sampler, model.scheduler.executor)
 
     def _rows_of(self, prompt) -> tuple[Rows, torch.Tensor, int, int]:
         model = self.generator.model
@@ -252,6 +259,15 @@ class ContinuousGenerator:
         rows = Rows.from_texts(model.tokenizer, prompt)
         return rows, torch.zeros(len(prompt), 1), len(prompt), 1
 
+    def _reused(self, rows: Rows) -> tuple[Rows, int]:
+        """Fresh prompts on the model's prefix cache, if it keeps one; and the tokens it saved."""
+        kept = self.generator.model.prefix_cache
+        if kept is None or rows.cache is not None:
+            return rows, 0
+        rows, saved = kept.reuse(rows)
+        self.generator.model.stats.record_cached(saved)
+        return rows, saved
+
 
 class Stream:
     """A generation's text pieces as they come (iterate it), and ``state``: the state so far.
@@ -261,8 +277,9 @@ class Stream:
     """
 
     def __init__(self, start: Callable[[], Decoding], state: Callable[[Generation], SequenceState],
-                 shape: Callable[[list], Any], sampler: Sampler):
+                 shape: Callable[[list], Any], sampler: Sampler, executor=None):
         self._start, self._state, self._shape, self.sampler = start, state, shape, sampler
+        self.executor = executor
         self._decoding: Decoding | None = None
         self._steps = None
         self._snapshot: SequenceState | None = None
@@ -286,7 +303,7 @@ class Stream:
         try:
             pieces = next(self._steps)
         except StopIteration:
-            self._final = self._state(self._started().result())
+            self._final = self._state(self._started().result(), True)
             return True, self._final
         self._snapshot = None
         return False, self._shape(pieces)
@@ -306,7 +323,9 @@ class Stream:
             before = self.state if keep_yielded else None  # what the consumer has seen
             return before, self.step()
 
-        running = asyncio.get_running_loop().run_in_executor(None, step)
+        # The model's step threads: concurrent calls must all be computing at once to share
+        # forward passes, which asyncio's default pool (a few threads) would not allow.
+        running = asyncio.get_running_loop().run_in_executor(self.executor, step)
         try:
             return (await asyncio.shield(running))[1]
         except asyncio.CancelledError:

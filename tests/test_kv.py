@@ -106,8 +106,10 @@ def test_threads_continuing_states_that_share_a_tip_write_their_own_slots(model)
         t.join()
     assert not errors
     after = model.stats.snapshot()
-    # The counters lost no update: the same work as the sequential runs.
-    assert {k: after[k] - before[k] for k in after} == sequential
+    # The counters lost no update: the same tokens as the sequential runs, in shared passes.
+    concurrent = {k: after[k] - before[k] for k in after}
+    assert concurrent["tokens_forwarded"] == sequential["tokens_forwarded"]
+    assert concurrent["forward_calls"] < sequential["forward_calls"]
     for s in suffixes:
         assert str(results[s]) == str(alone[s])
         assert _real_ids(results[s]) == _real_ids(alone[s])

@@ -87,6 +87,9 @@ class Decoding:
         # the next step is filled on the host while the device runs the step. Beams reorder
         # rows at every step, so they would give back nearly every queued step.
         self.overlap = model.overlap and not self.sampler.joint
+        # This call's place among the calls sharing the model's forward passes, until it
+        # ends; parked until its consumer asks for the first piece.
+        self.turn = model.scheduler.join(parked=True)
 
     def _watches(self, watch, before: str) -> list:
         """What watches a row's text for matches to rewind on: the bans, and what the constraint
@@ -95,6 +98,13 @@ class Decoding:
         return bans + [w for w in [watch()] if w is not None]
 
     def __iter__(self) -> Iterator[list[str | None]]:
+        self.turn.resume()
+        try:
+            yield from self._steps()
+        finally:
+            self.turn.leave()
+
+    def _steps(self) -> Iterator[list[str | None]]:
         batch = self.batch
         identity = list(range(len(batch.rows)))
         step = 0
@@ -128,7 +138,9 @@ class Decoding:
                 row.history.slots.extend(taken)
             self.unforwarded = chunks  # until the forward below: a snapshot's rows recompute them
             try:
+                self.turn.park()  # the consumer holds the piece: other calls do not wait for this one
                 yield [row.release() for row in batch.rows]
+                self.turn.resume()
             except GeneratorExit:
                 if queued is not None:
                     queued.give_back(count=False)

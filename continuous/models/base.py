@@ -33,12 +33,15 @@ class Stats:
     tokens_rewound
         Forwarded tokens that a rewind (``ban=``) took back: counted in
         ``tokens_forwarded`` too, they are the cost of backtracking.
+    tokens_cached
+        Prompt tokens the prefix cache supplied: not forwarded.
     """
 
     tokens_forwarded: int = 0
     forward_calls: int = 0
     positions_forwarded: int = 0
     tokens_rewound: int = 0
+    tokens_cached: int = 0
     # Threads share a model: every update holds the lock, so no count is lost.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -59,6 +62,11 @@ class Stats:
         """Count forwarded tokens that a rewind took back."""
         with self._lock:
             self.tokens_rewound += tokens
+
+    def record_cached(self, tokens: int) -> None:
+        """Count prompt tokens that the prefix cache supplied."""
+        with self._lock:
+            self.tokens_cached += tokens
 
     def snapshot(self) -> dict:
         """The counters as a dict, to compare before and after an operation."""
@@ -106,6 +114,10 @@ class Model(Protocol):
     overlap: bool
     #: The ids that end a row (:func:`stop_ids`).
     eos_token_ids: tuple[int, ...]
+    #: Merges the forward passes of calls running at the same time (:mod:`.scheduler`).
+    scheduler: Any
+    #: Recent states that prompts starting like them reuse (:mod:`continuous.prefix`), or ``None``.
+    prefix_cache: Any
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any,
                 logits_to_keep: int = 1, *, n_real: int | None = None, holes: bool = True,

@@ -24,6 +24,7 @@ import torch
 
 from .base import Stats, check_layout, stop_ids
 from .masks import positions
+from .scheduler import Scheduler
 
 __all__ = ["Remote", "RemoteCache", "remote"]
 
@@ -147,6 +148,9 @@ class Remote:
         self.max_batch = max_batch
         self.device = torch.device("cpu")  # embeddings and head run here; logits come back here
         self.overlap = False  # each step waits for the servers anyway
+        # Each call's steps go to the servers as they come: sessions are batched there.
+        self.scheduler = Scheduler(run_one=None)
+        self.prefix_cache = None  # a swarm session cannot be shared by several calls' rows
         self.eos_token_ids = stop_ids(tokenizer, generation_config)
 
     def __repr__(self) -> str:

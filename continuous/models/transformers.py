@@ -8,9 +8,11 @@ import weakref
 
 import torch
 
-from ..kv import CACHE_ARG, ForwardCache, KVCache, StaticStepCache
+from ..kv import CACHE_ARG, ForwardCache, KVCache, StaticStepCache, extend, stack
 from .base import Stats, check_layout, stop_ids
 from .masks import attention_masks, check_supported, layer_windows, near, positions
+from ..prefix import PrefixCache, parse_bytes
+from .scheduler import PREFILL_CHUNK, Request, Scheduler
 
 __all__ = ["Transformers", "transformers", "check_causal"]
 
@@ -42,7 +44,8 @@ class Transformers:
     be safe to call concurrently (inference-mode PyTorch modules are).
     """
 
-    def __init__(self, model, tokenizer, compile: bool | str = False):
+    def __init__(self, model, tokenizer, compile: bool | str = False, prefill_chunk: int = PREFILL_CHUNK,
+                 prefix_cache: int | str | None = None):
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError("continuous needs a fast (Rust) tokenizer: it maps characters to tokens "
                             "with offset mappings")
@@ -64,6 +67,9 @@ class Transformers:
         self.overlap = self.device.type == "cuda"
         self.compiled = None
         self._arange = None
+        self.scheduler = Scheduler(self._run_one, self._run_joint, _check_chunk(prefill_chunk))
+        self.prefix_cache = PrefixCache(parse_bytes(prefix_cache)) if prefix_cache else None
+        self.options = (compile, prefill_chunk, prefix_cache)
         self.compile = compile
         if compile:
             # Decode steps (one token, or a short forced run) run compiled, on fixed shapes
@@ -85,8 +91,15 @@ class Transformers:
                 ) -> tuple[torch.Tensor, KVCache]:
         """Forward the slots the cache does not cover; see :class:`~continuous.models.base.Model`.
 
-        Returns float32 logits on the model's device.
+        Returns float32 logits on the model's device. Calls running at the same time on
+        this model share forward passes (:mod:`~continuous.models.scheduler`).
         """
+        return self.scheduler.forward(Request(input_ids, attention_mask, cache, logits_to_keep, n_real, holes))
+
+    def _run_one(self, request: Request, compiled: bool = True) -> tuple[torch.Tensor, KVCache]:
+        """One request's forward, alone."""
+        input_ids, attention_mask, cache = request.input_ids, request.attention_mask, request.cache
+        logits_to_keep, n_real, holes = request.logits_to_keep, request.n_real, request.holes
         rows, n = input_ids.shape
         start = cache.length if cache is not None else 0
         device = self.device
@@ -100,7 +113,7 @@ class Transformers:
                 n_real = int(attention_mask[:, start:].sum())
             mask = attention_mask.to(device, non_blocking=True)
             at = positions(mask, start)
-        width = self._compiled_width(n, mask, cache, logits_to_keep)
+        width = self._compiled_width(n, mask, cache, logits_to_keep) if compiled else 0
         fc = ForwardCache(cache, rows, width or n, self.kinds)
         if width:
             try:
@@ -126,6 +139,41 @@ class Transformers:
             raise
         self.stats.record(n_real, rows * n)
         return out.logits.float(), fc.result()
+
+    def _run_joint(self, requests: list[Request]) -> list[tuple[torch.Tensor, KVCache]]:
+        """One forward for the requests of several calls; each gets its own logits and cache.
+
+        Row blocks are stacked: each request's cached slots first, holes up to the longest
+        cache, then its new slots right-aligned at the end (so the last slots are every
+        row's newest). Positions count real tokens only, so a row computes what it would
+        alone. The new slots are then appended to each request's own cache.
+        """
+        counts = [r.rows for r in requests]
+        width = max(r.width for r in requests)
+        lengths = [r.cache.length if r.cache is not None else 0 for r in requests]
+        start = max(lengths)
+        ids = torch.zeros((sum(counts), width), dtype=torch.long, device=self.device)
+        mask = torch.zeros((sum(counts), start + width), dtype=torch.long, device=self.device)
+        at = 0
+        for r, length in zip(requests, lengths):
+            own = r.attention_mask
+            if own is None:
+                own = torch.ones((r.rows, length + r.width), dtype=torch.long)
+            own = own.to(self.device)
+            ids[at : at + r.rows, width - r.width :] = r.input_ids.to(self.device)
+            mask[at : at + r.rows, :length] = own[:, :length]
+            mask[at : at + r.rows, start + width - r.width :] = own[:, length:]
+            at += r.rows
+        joint = stack([r.cache for r in requests], counts, width)
+        n_real = int(mask[:, start:].sum())
+        keep = max(r.logits_to_keep for r in requests)
+        logits, cache = self._run_one(Request(ids, mask, joint, keep, n_real, True), compiled=False)
+        out, at = [], 0
+        for r in requests:
+            rows, slots = slice(at, at + r.rows), slice(start + width - r.width, start + width)
+            out.append((logits[rows, keep - r.logits_to_keep :], extend(r.cache, cache, rows, slots, self.kinds)))
+            at += r.rows
+        return out
 
 
     def _compiled_width(self, n: int, mask, cache: KVCache | None, logits_to_keep: int) -> int:
@@ -255,7 +303,14 @@ def check_causal(config) -> None:
                          "token by token; use a decoder-only causal LM (or a config with is_decoder=True)")
 
 
+def _check_chunk(size) -> int:
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"prefill_chunk must be a positive int of tokens, got {size!r}")
+    return size
+
+
 def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, compile: bool | str = False,
+                 prefix_cache: int | str | None = None, prefill_chunk: int = PREFILL_CHUNK,
                  **from_pretrained) -> Transformers:
     """A local transformers model.
 
@@ -278,6 +333,13 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
         A shape is a number of rows and a buffer capacity (a power of two); dynamo's
         per-function limit of compiled shapes is raised to :data:`COMPILED_SHAPES`
         (a process-wide setting) so that batch sizes and lengths do not fall back to eager.
+    prefix_cache
+        Keep recent states within this many bytes of KV cache (an int, or a string such as
+        ``"2GB"``), so that a later prompt starting with a kept state's tokens forwards
+        only the rest (``stats.tokens_cached`` counts what it saved). Off by default.
+    prefill_chunk
+        While other calls are decoding, a long prompt is forwarded this many tokens at a
+        time, between their steps, so that it does not stall them.
     **from_pretrained
         Given to ``from_pretrained`` when loading from a path (``device_map``,
         ``attn_implementation``, ``trust_remote_code``, ``revision``, ``gguf_file``...);
@@ -313,7 +375,8 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
     if device is not None or dtype not in (None, "auto"):
         model = model.to(device=device, dtype=None if dtype == "auto" else dtype)
     wrapped = _WRAPPED.get(model)
-    if wrapped is None or wrapped.tokenizer is not tokenizer or wrapped.compile != compile:
-        wrapped = Transformers(model, tokenizer, compile=compile)
+    options = (compile, prefill_chunk, prefix_cache)
+    if wrapped is None or wrapped.tokenizer is not tokenizer or wrapped.options != options:
+        wrapped = Transformers(model, tokenizer, compile, prefill_chunk, prefix_cache)
         _WRAPPED[model] = wrapped
     return wrapped

@@ -1,0 +1,243 @@
+"""Concurrent calls share forward passes, and each call's result equals the same call alone."""
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from continuous import continuous, generate, models
+from continuous.models.scheduler import Request, split
+
+
+class City(BaseModel):
+    name: str
+    population: int
+
+
+def _calls(model):
+    """Calls of every kind and option, each ``(name, generator, prompt, kwargs)``."""
+    text = continuous(generate.text(model))
+    return [
+        ("greedy", text, "User: tell me about Lima.\nAssistant:", dict(max_tokens=24)),
+        ("seeded", text, "User: tell me about Oslo.\nAssistant:", dict(max_tokens=20, temperature=0.9, seed=11)),
+        ("top_p", text, "Once upon a time", dict(max_tokens=16, top_p=0.8, seed=3, logprobs=2)),
+        ("stop", text, "User: count to ten.\nAssistant:", dict(max_tokens=30, stop_at=[" the", "."])),
+        ("short", text, "Hi", dict(max_tokens=3)),
+        ("batch", text, ["Rome is", "Kyoto is a city"], dict(max_tokens=12)),
+        ("json", continuous(generate.json(model, City)), "A city as JSON:", dict(max_tokens=40)),
+        ("choice", continuous(generate.choice(model, ["yes", "no", "maybe later"])), "Answer:", {}),
+        ("regex", continuous(generate.regex(model, r"[0-9]{3}-[a-z]{2,4}")), "Code:", {}),
+        ("ban", continuous(generate.text(model, ban=["the", "and"])), "Write:", dict(max_tokens=20)),
+        ("heal", text, "The capital of Fra", dict(max_tokens=8, heal=True)),
+        ("samples", continuous(generate.text(model, generate_sampler(3))), "Pick:", dict(max_tokens=10, seed=5)),
+    ]
+
+
+def generate_sampler(n):
+    from continuous import samplers
+
+    return samplers.multinomial(n)
+
+
+def _same(a, b):
+    assert list(a) == list(b)
+    assert a.finish_reasons == b.finish_reasons
+    assert torch.allclose(a.weights, b.weights, atol=1e-3)
+    assert a.token_ids.tolist() == b.token_ids.tolist()
+    if a.logprobs is not None:
+        for ra, rb in zip(a.logprobs, b.logprobs):
+            assert [t for t, _, _ in ra] == [t for t, _, _ in rb]
+            assert [lp for _, lp, _ in ra] == pytest.approx([lp for _, lp, _ in rb], abs=1e-3)
+
+
+def _run(call):
+    _, gen, prompt, kwargs = call
+    return gen(prompt, **kwargs)
+
+
+def test_threads_share_steps_and_each_call_equals_the_call_alone(model):
+    calls = _calls(model)
+    model.stats.reset()
+    alone = [_run(c) for c in calls]
+    sequential = model.stats.snapshot()
+    model.stats.reset()
+    with ThreadPoolExecutor(len(calls)) as pool:
+        together = list(pool.map(_run, calls))
+    shared = model.stats.snapshot()
+    for (name, *_), a, b in zip(calls, alone, together):
+        _same(a, b)
+    assert shared["tokens_forwarded"] == sequential["tokens_forwarded"]
+    assert shared["forward_calls"] < sequential["forward_calls"] / 2
+
+
+def test_async_calls_and_streams_interleaved_equal_the_calls_alone(model):
+    calls = _calls(model)[:8]
+    alone = [_run(c) for c in calls]
+
+    async def stream(gen, prompt, kwargs):
+        pieces = gen.astream(prompt, **kwargs)
+        async for _ in pieces:
+            await asyncio.sleep(0)
+        return pieces.state
+
+    async def main():
+        jobs = [stream(g, p, k) if i % 2 else g.acall(p, **k) for i, (_, g, p, k) in enumerate(calls)]
+        return await asyncio.gather(*jobs)
+
+    model.stats.reset()
+    together = asyncio.run(main())
+    for a, b in zip(alone, together):
+        _same(a, b)
+    assert model.stats.forward_calls < sum(1 for _ in calls) * 10
+
+
+def test_a_state_made_together_continues_as_one_made_alone(model):
+    calls = _calls(model)[:6]
+    with ThreadPoolExecutor(len(calls)) as pool:
+        together = list(pool.map(_run, calls))
+    alone = [_run(c) for c in calls]
+    gen = continuous(generate.text(model))
+    for a, b in zip(alone, together):
+        _same(gen(a + " And", max_tokens=6), gen(b + " And", max_tokens=6))
+        _same(gen(b + " And", max_tokens=6), gen((b + " And").drop_cache(), max_tokens=6))
+
+
+class _Boom:
+    """A processor that fails at a given step."""
+
+    def __init__(self, at):
+        self.at, self.seen = at, 0
+
+    def __call__(self, input_ids, scores):
+        self.seen += 1
+        if self.seen == self.at:
+            raise RuntimeError("boom")
+        return scores
+
+
+@pytest.mark.filterwarnings("ignore:the model's context")
+def test_a_failing_cancelled_or_cut_call_leaves_the_others_unchanged(hf_model, tokenizer):
+    model = models.transformers(hf_model, tokenizer, prefill_chunk=64)  # its own scheduler
+    gen = continuous(generate.text(model))
+    others = [(f"User: tell me about {w}.\nAssistant:", 20) for w in ("Lima", "Oslo", "Kyoto", "Perth")]
+    alone = [gen(p, max_tokens=n) for p, n in others]
+    long_prompt = "word"
+    while len(tokenizer(long_prompt)["input_ids"]) < 500:  # near the 512-token context: cut by it
+        long_prompt += " word"
+
+    async def cancelled():
+        task = asyncio.ensure_future(gen.acall("Once upon a time", max_tokens=200))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async def failing():
+        with pytest.raises(RuntimeError, match="boom"):
+            await gen.acall("Hello there", max_tokens=30, logits_processors=[_Boom(4)])
+
+    async def cut():
+        return await gen.acall(long_prompt, max_tokens=40)
+
+    async def main():
+        results = await asyncio.gather(*[gen.acall(p, max_tokens=n) for p, n in others],
+                                       cancelled(), failing(), cut())
+        return results[: len(others)], results[-1]
+
+    together, short = asyncio.run(main())
+    for a, b in zip(alone, together):
+        _same(a, b)
+    assert short.finish_reasons == ["context"]
+    # Nothing is left waiting: a call alone runs at once.
+    assert list(gen("Hi", max_tokens=4)) == list(gen("Hi", max_tokens=4))
+    assert not model.scheduler.waiting
+
+
+def test_a_long_prefill_is_cut_into_chunks_between_other_calls_steps(hf_model, tokenizer):
+    model = models.transformers(hf_model, tokenizer, prefill_chunk=16)
+    gen = continuous(generate.text(model))
+    widths, lock = [], threading.Lock()
+    run_one = model.scheduler.run_one
+
+    def spy(request):
+        with lock:
+            widths.append(request.width)
+        return run_one(request)
+
+    model.scheduler.run_one = spy
+    long_prompt = " ".join(["story"] * 80)
+    alone_long = gen(long_prompt, max_tokens=4)
+    alone_short = gen("Hello", max_tokens=60)
+    widths.clear()
+    started = threading.Event()
+    results = {}
+
+    def short():
+        stream = gen.stream("Hello", max_tokens=60)
+        for i, _ in enumerate(stream):
+            if i == 2:
+                started.set()
+        results["short"] = stream.state
+
+    def long():
+        started.wait(10)
+        results["long"] = gen(long_prompt, max_tokens=4)
+
+    threads = [threading.Thread(target=short), threading.Thread(target=long)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    _same(results["short"], alone_short)
+    _same(results["long"], alone_long)
+    chunks = [i for i, w in enumerate(widths) if w == 16]
+    assert len(chunks) >= 5
+    # Decode steps of the short call ran between the long prompt's first and last chunks.
+    assert any(w == 1 for w in widths[chunks[0] : chunks[-1]])
+
+
+def _request(width, rows=1):
+    return Request(torch.zeros((rows, width), dtype=torch.long), None, None)
+
+
+def test_split_groups_requests_that_pad_well_and_keeps_long_ones_apart():
+    ones = [_request(1) for _ in range(6)]
+    forced = _request(3)
+    prompts = [_request(12), _request(14, rows=2)]
+    prefill = _request(600)
+    groups, wide = split(ones + [forced] + prompts + [prefill], chunk=512)
+    # With the forced run, 9 real slots would pad to 7 x 3 = 21: it goes with the prompts.
+    assert groups == [ones, [forced] + prompts]
+    assert wide == [prefill]
+    pair = [_request(1), _request(1)]
+    groups, wide = split(pair + [forced], chunk=512)
+    assert groups == [pair + [forced]] and not wide  # 5 real slots padded to 9
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 700), st.integers(1, 4)), min_size=1, max_size=20))
+def test_split_takes_every_request_once_and_never_pads_a_group_past_twice_its_tokens(shapes):
+    batch = [_request(w, rows) for w, rows in shapes]
+    groups, wide = split(batch, chunk=512)
+    taken = [r for g in groups for r in g] + wide
+    assert sorted(map(id, taken)) == sorted(map(id, batch))
+    for g in groups:
+        real = sum(r.rows * r.width for r in g)
+        assert sum(r.rows for r in g) * max(r.width for r in g) <= 2 * real or len(g) == 1
+    assert all(r.width > 512 for r in wide)
+
+
+def test_a_request_is_chunked_so_that_its_last_chunk_keeps_its_logits():
+    mask = torch.ones((2, 40), dtype=torch.long)
+    request = Request(torch.zeros((2, 40), dtype=torch.long), mask, None, logits_to_keep=5)
+    first = request.chunk(16)
+    assert first.width == 16 and first.attention_mask.shape == (2, 16)
+    assert first.logits_to_keep == 1
+    tail = Request(torch.zeros((2, 7), dtype=torch.long), None, None, logits_to_keep=5)
+    assert tail.chunk(4).width == 2  # leaves 5 slots: the logits asked for
+    assert _request(4).chunk(16) is None
