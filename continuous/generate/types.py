@@ -53,15 +53,15 @@ def choices_of(spec) -> dict[str, Any] | None:
     return {str(item): item for item in items}
 
 
-def schema_of(spec) -> tuple[Any, Callable[[str], Any], bool] | None:
-    """The JSON schema of an ``outlines.types.JsonSchema`` or a Python type, how to parse a
-    document into the type, and whether objects are closed (they take their fields only).
+def schema_of(spec) -> tuple[Any, Callable[[str], Any] | None] | None:
+    """The JSON schema of an ``outlines.types.JsonSchema`` or a Python type, and how to parse
+    a document into the type (``None``: as JSON).
 
     Python types are what pydantic reads: models, dataclasses, ``TypedDict``, ``list[...]``,
     ``dict[str, ...]``, ``Literal``, ``Enum``, ``Optional`` and unions.
     """
     if isinstance(spec, JsonSchema):
-        return json.loads(spec.schema), None, False
+        return json.loads(spec.schema), None
     if not _is_type(spec):
         return None
     try:
@@ -70,8 +70,8 @@ def schema_of(spec) -> tuple[Any, Callable[[str], Any], bool] | None:
     except (PydanticSchemaGenerationError, PydanticUserError) as exc:
         raise TypeError(f"{spec!r} has no JSON schema: {exc}") from None
     if isinstance(spec, type) and issubclass(spec, BaseModel):
-        return schema, spec.model_validate_json, True
-    return schema, adapter.validate_json, True
+        return schema, spec.model_validate_json
+    return schema, adapter.validate_json
 
 
 def parser_of(python_type) -> Callable[[str], Any]:
