@@ -4,6 +4,7 @@ import json as _json
 import interegular
 
 from .. import engines
+from ..engines.relax import normalize
 from ..engines.schema import closed, document, place, validator
 from .base import SequenceGenerator, make
 from .types import schema_of
@@ -117,7 +118,8 @@ def _document(schema, extra_properties: bool):
     else:
         raise TypeError("schema must be a JSON schema (dict, bool, str or outlines.types.JsonSchema), a Python "
                         "type (a pydantic model, a dataclass, list[...], ...) or a function")
-    return (doc if extra_properties else closed(doc)), parse or _Validated(doc)
+    # Checked normalized: a draft-7 schema is read as draft 7 whether it says so or not.
+    return (doc if extra_properties else closed(doc)), parse or _Validated(normalize(doc))
 
 
 def _signature(function) -> dict:
