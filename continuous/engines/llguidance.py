@@ -25,6 +25,7 @@ import torch
 from . import bits, caches, schema
 from .formats import DATE, DATE_TIME
 from .jsonwatch import Checks, JsonWatch
+from .lark import lexemes
 from .relax import normalize, relaxation
 
 __all__ = ["json_schema", "regex", "lark", "lltokenizer", "LLGuidanceConstraint", "LLGuidanceMatcher"]
@@ -300,5 +301,16 @@ def regex(pattern: str, tokenizer) -> LLGuidanceConstraint:
 
 
 def lark(grammar: str, tokenizer) -> LLGuidanceConstraint:
-    """Text in the language of a Lark grammar (llguidance's dialect; the start rule is ``start``)."""
-    return _compiled("Lark grammar", grammar, "", tokenizer, lambda: llguidance.LLMatcher.grammar_from_lark(grammar))
+    """Text in the language of a Lark grammar (llguidance's dialect; the start rule is ``start``).
+
+    A rule that is an alternation of string literals is compiled as one terminal
+    (:func:`~continuous.engines.lark.lexemes`), so that its size does not matter.
+
+    Raises
+    ------
+    ValueError
+        When llguidance refuses the grammar, or a rule has more alternatives than its
+        parser takes at once, with the reason.
+    """
+    return _compiled("Lark grammar", grammar, "", tokenizer,
+                     lambda: llguidance.LLMatcher.grammar_from_lark(lexemes(grammar)))
