@@ -25,7 +25,7 @@ from pydantic import (
 )
 from typing_extensions import NotRequired, Required
 
-__all__ = ["pattern_of", "grammar_of", "choices_of", "schema_of", "parser_of"]
+__all__ = ["pattern_of", "grammar_of", "choices_of", "schema_of", "parser_of", "json_or_text"]
 
 
 def pattern_of(spec) -> str | None:
@@ -85,6 +85,21 @@ def parser_of(python_type) -> Callable[[str], Any]:
             return adapter.validate_strings(text)
 
     return parse
+
+
+def json_or_text(text: str) -> Any:
+    """The value of an outlines generator on outlines_core: the parsed JSON of a JSON object
+    or array, else the text.
+
+    Its ``Index`` does not say whether a JSON schema or a regex made it; the schemas of
+    outlines' output types are objects and arrays, and a regex's text is kept as it is.
+    """
+    if text.lstrip()[:1] in ("{", "["):
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
+    return text
 
 
 def _readable(spec):
