@@ -85,6 +85,11 @@ def test_json_objects_take_only_their_named_members_unless_told(model):
     for more in ({"additionalProperties": True}, {"additionalProperties": {"type": "integer"}},
                  {"patternProperties": {"^b": {"type": "integer"}}}):
         assert accepts(generate.json(model, {**schema, **more}, whitespace="compact"), extra)
+    # Closing never empties a language: a required member not named is named, and an
+    # object that needs more members than it names stays open.
+    required = generate.json(model, {**schema, "required": ["a", "b"]}, whitespace="compact")
+    assert accepts(required, extra) and not accepts(required, '{"a":1,"b":2,"c":3}')
+    assert accepts(generate.json(model, {**schema, "minProperties": 2}, whitespace="compact"), extra)
     # Objects that merge stay open: closed, each would refuse the other's members.
     merged = {"allOf": [{"properties": {"a": {"type": "integer"}}}, {"$ref": "#/$defs/B"}],
               "$defs": {"B": {"properties": {"b": {"type": "integer"}}}}, "required": ["a", "b"]}

@@ -73,7 +73,9 @@ _APPLICATORS = ("allOf", "anyOf", "oneOf", "$ref")
 
 def closed(schema):
     """The schema with ``additionalProperties: false`` on every object that names its
-    ``properties`` and says nothing of other members (a copy).
+    ``properties`` and says nothing of other members (a copy). Members it requires without
+    naming them are named (any value); one that needs more members than it names
+    (``minProperties``) stays open.
 
     Where schemas merge, objects stay open: an object beside ``allOf``, ``anyOf``,
     ``oneOf`` or ``$ref``, the members of an ``allOf`` (of an ``anyOf`` or ``oneOf`` beside
@@ -84,7 +86,12 @@ def closed(schema):
     ours: dict[int, dict] = {}
 
     def rewrite(node):
-        if "properties" in node and not any(key in node for key in _OPEN + _APPLICATORS):
+        if _closable(node):
+            # A required member the properties do not name is named (as any value), so that
+            # closing never empties the language.
+            named = node["properties"]
+            missing = [n for n in node.get("required", []) if isinstance(n, str) and n not in named]
+            node["properties"] = {**named, **{n: {} for n in missing}}
             node["additionalProperties"] = False
             ours[id(node)] = node
         for key, members in _merging(node):
@@ -98,6 +105,15 @@ def closed(schema):
             if ref.startswith(f"#/{defs}/") and id(out.get(defs, {}).get(name)) in ours:
                 out[defs] = {**out[defs], name: _reopened(out[defs][name])}
     return out
+
+
+def _closable(node: dict) -> bool:
+    """An object that names its members and says nothing of others, and can do with those."""
+    if not isinstance(node.get("properties"), dict) or any(key in node for key in _OPEN + _APPLICATORS):
+        return False
+    least = node.get("minProperties", 0)
+    names = set(node["properties"]) | set(n for n in node.get("required", []) if isinstance(n, str))
+    return not isinstance(least, (int, float)) or least <= len(names)
 
 
 def _merging(node: dict) -> list[tuple[str, list]]:
