@@ -1,7 +1,10 @@
+# The tested versions of every dependency (`make constraints` writes them from .venv).
+CONSTRAINTS := constraints.txt
 # torch's CPU build: a local wheel where pip's find-links has one, else PyTorch's CPU index.
 # A plain `pip install torch` would pull a multi-GB CUDA build; for one, name its index,
-# e.g. `make install TORCH_INDEX=https://download.pytorch.org/whl/cu126`.
-TORCH ?= torch==2.13.0
+# e.g. `make install TORCH_INDEX=https://download.pytorch.org/whl/cu126`. Its version is
+# the tested one, read from the constraints.
+TORCH ?= $(shell grep '^torch==' $(CONSTRAINTS))
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # The first Python >= 3.10 on the PATH (or PYTHON=...).
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3.10 python3; do \
@@ -11,21 +14,25 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.installed-docs
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+# The newest releases pyproject.toml allows, in an environment of their own.
+LATEST := .venv-latest
+LATEST_PY := $(LATEST)/bin/python
+LATEST_PIP := $(LATEST_PY) -m pip install --quiet --disable-pip-version-check --upgrade --upgrade-strategy eager
 
-.PHONY: demo demo-toy demo-swarm test test-fast docs install clean python
+.PHONY: demo demo-toy demo-swarm test test-fast test-latest constraints docs install clean python
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "no Python >= 3.10 on the PATH: install one, or give PYTHON=/path/to/python"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(PY) pyproject.toml
+$(STAMP): $(PY) pyproject.toml $(CONSTRAINTS)
 	$(PIP) --upgrade pip
 	$(PIP) --no-index --no-deps "$(TORCH)" 2>/dev/null || $(PIP) "$(TORCH)" --index-url "$(TORCH_INDEX)"
-	$(PIP) -e ".[test]"
+	$(PIP) -e ".[test]" -c $(CONSTRAINTS)
 	touch $(STAMP)
 
 $(DOCS_STAMP): $(STAMP)
-	$(PIP) -e ".[test,docs]"
+	$(PIP) -e ".[test,docs]" -c $(CONSTRAINTS)
 	touch $(DOCS_STAMP)
 
 install: $(STAMP)
@@ -50,11 +57,29 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
+# The fast tier against the newest releases pyproject.toml allows (constraints.txt left
+# out), in $(LATEST): a failure there is a release that breaks us, not our change, and
+# CI does not fail on it. torch is the newest on TORCH_INDEX, and stays that build.
+test-latest:
+	@test -n "$(PYTHON)" || { echo "no Python >= 3.10 on the PATH: give PYTHON=/path/to/python"; exit 1; }
+	test -x $(LATEST_PY) || $(PYTHON) -m venv $(LATEST)
+	$(LATEST_PIP) pip
+	$(LATEST_PIP) torch --index-url "$(TORCH_INDEX)"
+	$(LATEST_PY) -c 'import torch; print("torch==" + torch.__version__)' > $(LATEST)/torch.txt
+	$(LATEST_PIP) -e ".[test]" -c $(LATEST)/torch.txt
+	$(LATEST_PY) -m pip list --format=freeze | grep -i -E '^(torch|transformers|llguidance|outlines|outlines.core|tokenizers|pydantic|jsonschema)=='
+	$(LATEST_PY) -m pytest -q -m "not slow"
+
+# Write the versions of the tested environment as the constraints (after `make test` passed).
+constraints: $(STAMP)
+	{ sed -n '/^#/p' $(CONSTRAINTS); $(PY) -m pip freeze --exclude-editable | grep -v '^#' | sed 's/+[a-z0-9.]*$$//'; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
+
 docs: $(DOCS_STAMP)
 	$(VENV)/bin/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) site
+	rm -rf $(VENV) $(LATEST) site
 
 # The interpreter the virtual environment is made with.
 python:

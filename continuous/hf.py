@@ -28,6 +28,15 @@ def logits_processor(generator) -> "ConstraintLogitsProcessor":
         beam search work (each sequence's state follows its tokens); build one per
         ``generate`` call.
 
+    Raises
+    ------
+    TypeError
+        For anything but a generator.
+    ValueError
+        For a generator that needs to rewind while decoding, which ``model.generate``
+        cannot do: one with ``ban=``, or a JSON schema whose keywords the grammar does not
+        enforce (``uniqueItems``, ``not``...: ``constraint.dropped``), with the reason.
+
     Examples
     --------
     >>> gen = generate.choice(model, ["yes", "no"])               # doctest: +SKIP
@@ -39,6 +48,13 @@ def logits_processor(generator) -> "ConstraintLogitsProcessor":
         generator = generator.generator
     if not isinstance(generator, SequenceGenerator):
         raise TypeError(f"logits_processor takes a generator of continuous.generate, got {type(generator).__name__}")
+    rewinds = "its ban= list" if generator.ban is not None else None
+    dropped = getattr(generator.constraint, "dropped", None)
+    if rewinds is None and dropped:
+        rewinds = f"its schema's {', '.join(sorted(dropped))}, which the grammar does not enforce,"
+    if rewinds is not None:
+        raise ValueError(f"this generator enforces {rewinds} by rewinding while decoding, which model.generate "
+                         "cannot do: generate with continuous(generator) instead")
     return ConstraintLogitsProcessor(generator)
 
 

@@ -13,7 +13,7 @@ import torch
 
 from .decode import Decoding, Generation, Options
 from .generate.base import SequenceGenerator, make
-from .generate.types import parser_of
+from .generate.types import json_or_text, parser_of
 from .layout import Rows
 from .samplers import Sampler
 from .state import CutShort, SequenceState, shape_rows
@@ -61,7 +61,8 @@ def _from_outlines(generator, output_type) -> SequenceGenerator:
     if getattr(processor, "index", None) is not None:  # the outlines_core backend
         from .engines.outlines_core import from_index
 
-        return make(model, None, from_index(processor.index, model.tokenizer), parse or str, kind="outlines-regex")
+        return make(model, None, from_index(processor.index, model.tokenizer), parse or json_or_text,
+                    kind="outlines-regex")
     if isinstance(getattr(processor, "grammar", None), str):  # the llguidance backend
         from . import generate
 

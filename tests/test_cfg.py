@@ -127,3 +127,34 @@ def _model(tok):
     from continuous import models
 
     return models.transformers(build_llama(tok, "tiny", vocab_size=len(tok)), tok)
+
+
+def _words(n, seed=0):
+    rng = random.Random(seed)
+    return sorted({"".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(4)) for _ in range(n)})
+
+
+def test_a_rule_of_thousands_of_literals_is_served_as_one_lexeme(model):
+    from support.constraints import accepts
+
+    words = _words(3000)
+    gen = generate.cfg(model, "start: w\nw: " + " | ".join(f'"{w}"' for w in words) + "\n")
+    state = continuous(gen)(["Word:", "Another:"], max_tokens=10)
+    assert state.finish_reasons == ["eos", "eos"] and all(v in words for v in state.value)
+    assert accepts(gen, words[7]) and not accepts(gen, words[7] + "a") and not accepts(gen, "zzzzz")
+
+
+def test_alternations_of_literals_become_terminals_and_nothing_else_changes():
+    from continuous.engines.lark import lexemes
+
+    grammar = 'start: w " " v\n?w: "ab" | "cd"i\n   | "e\\"f"\nv: w | "x"\nN: /[a-z]/ | "q"\nu: "a" // one\n'
+    assert lexemes(grammar) == ('start: w " " v\n?w: W_LITERALS\nW_LITERALS: "ab" | "cd"i\n   | "e\\"f"\n'
+                                'v: w | "x"\nN: /[a-z]/ | "q"\nu: "a" // one\n')
+
+
+def test_a_rule_with_more_alternatives_than_the_parser_takes_is_refused_when_built(model):
+    grammar = "start: w\nw: " + " | ".join(f'"{w}" x' for w in _words(2500)) + '\nx: "!"\n'
+    with pytest.raises(ValueError, match="'w' has 2[0-9]{3} alternatives"):
+        generate.cfg(model, grammar)
+    # Alternatives inside a group, a regex or a literal are not the rule's own.
+    generate.cfg(model, 'start: w\nw: ("a" | "b") "c" | /x|y|z/ | "|"\n')

@@ -67,6 +67,71 @@ def test_json_dict_string_and_callable_schemas(model):
     assert set(value) == {"flag", "kind"} and value["kind"] in ("x", "y")
 
 
+def test_json_objects_take_only_their_named_members_unless_told(model):
+    from outlines.types import JsonSchema
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+    class A(BaseModel):
+        a: int
+
+    extra = '{"a":1,"b":2}'
+    for s in (schema, json.dumps(schema), JsonSchema(json.dumps(schema)), A):
+        assert accepts(generate.json(model, s, whitespace="compact"), '{"a":1}')
+        assert not accepts(generate.json(model, s, whitespace="compact"), extra)
+    for s in (schema, json.dumps(schema), JsonSchema(json.dumps(schema))):
+        assert accepts(generate.json(model, s, whitespace="compact", extra_properties=True), extra)
+    # What the schema says itself holds: its own additionalProperties, patternProperties.
+    for more in ({"additionalProperties": True}, {"additionalProperties": {"type": "integer"}},
+                 {"patternProperties": {"^b": {"type": "integer"}}}):
+        assert accepts(generate.json(model, {**schema, **more}, whitespace="compact"), extra)
+    # Closing never empties a language: a required member not named is named, and an
+    # object that needs more members than it names stays open.
+    required = generate.json(model, {**schema, "required": ["a", "b"]}, whitespace="compact")
+    assert accepts(required, extra) and not accepts(required, '{"a":1,"b":2,"c":3}')
+    assert accepts(generate.json(model, {**schema, "minProperties": 2}, whitespace="compact"), extra)
+    # Objects that merge stay open: closed, each would refuse the other's members.
+    merged = {"allOf": [{"properties": {"a": {"type": "integer"}}}, {"$ref": "#/$defs/B"}],
+              "$defs": {"B": {"properties": {"b": {"type": "integer"}}}}, "required": ["a", "b"]}
+    assert accepts(generate.json(model, merged, whitespace="compact"), extra)
+
+
+def test_json_of_the_schema_true_is_any_document_and_false_is_refused(model):
+    for schema in (True, "true", {}):
+        gen = generate.json(model, schema, whitespace="compact")
+        assert accepts(gen, '[1,"x",{"k":null}]') and gen.parse('{"k":2}') == {"k": 2}
+    with pytest.raises(ValueError, match="allows no document"):
+        generate.json(model, False)
+
+
+def test_json_of_a_function_takes_only_its_arguments_and_checks_them(model):
+    def f(flag: bool, n: int = 3):
+        return flag, n
+
+    gen = generate.json(model, f, whitespace="compact")
+    assert accepts(gen, '{"flag":true,"n":2}') and accepts(gen, '{"flag":true}')
+    assert not accepts(gen, '{"flag":true,"other":1}')
+    assert gen.parse('{"flag":false}') == {"flag": False}
+    with pytest.raises(ValueError, match="required"):
+        gen.parse('{"n":2}')
+    with pytest.raises(ValueError, match="additionalProperties"):
+        generate.json(model, f, extra_properties=True).parse('{"flag":true,"other":1}')
+
+
+@pytest.mark.parametrize("name", ["whitespace", "whitespace_pattern"])
+@pytest.mark.parametrize("pattern", ["Compact", r"\s*", ".?", "[^a]*", " |x", r"\p{Zs}"])
+def test_a_whitespace_pattern_wider_than_json_whitespace_is_refused(model, name, pattern):
+    with pytest.raises(ValueError, match="JSON whitespace"):
+        generate.json(model, {"type": "integer"}, **{name: pattern})
+
+
+def test_whitespace_patterns_within_json_whitespace_are_taken(model):
+    for kind in ("compact", "bounded", "any"):
+        generate.json(model, {"type": "integer"}, whitespace=kind)
+    for pattern in ("", " ?", r"[ \t\n\r]*", r"(?:\n[ \t]{0,4}| )?"):
+        generate.json(model, {"type": "integer"}, whitespace_pattern=pattern)
+
+
 def test_choice(model):
     gen = continuous(generate.choice(model, ["Paris", "Lima", "a longer choice"], samplers.multinomial(3)))
     state = gen(["City:", "Where?"], seed=0)
@@ -310,7 +375,7 @@ def test_json_value_is_validated_where_the_constraint_cannot_say_it(model, engin
     (lambda m: generate.regex(m, r"[0-9]+(\.[0-9]+)?", engine="outlines_core"), "go on after a complete one"),
     (lambda m: generate.json(m, {"type": "number"}, engine="outlines_core"), "go on after a complete one"),
     (lambda m: generate.json(m, {"type": "object", "properties": {"a": {"type": "integer"}}},
-                             engine="outlines_core"), "beyond those listed"),
+                             extra_properties=True, engine="outlines_core"), "beyond those listed"),
     (lambda m: generate.json(m, {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
                                  "additionalProperties": False, "allOf": [{"required": ["a"]}]},
                              engine="outlines_core"), "allOf"),

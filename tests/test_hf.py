@@ -49,3 +49,15 @@ def test_it_is_a_processor_alone_or_in_a_list(model, hf_model, tokenizer):
 def test_it_takes_only_generators():
     with pytest.raises(TypeError, match="continuous.generate"):
         hf.logits_processor("json")
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda m: generate.json(m, {"type": "array", "items": {"enum": [2, 45, 74]}, "uniqueItems": True}),
+     "uniqueItems"),
+    (lambda m: generate.regex(m, r"[a-z]{3}", ban=["abc"]), "ban="),
+])
+def test_generators_that_rewind_are_refused_with_the_reason(model, make, reason):
+    gen = make(model)
+    for given in (gen, continuous(gen)):
+        with pytest.raises(ValueError, match=f"(?s){reason}.*rewinding.*continuous"):
+            hf.logits_processor(given)

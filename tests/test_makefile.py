@@ -32,3 +32,27 @@ def test_torch_comes_from_a_local_wheel_or_the_cpu_index(tmp_path):
     assert "--no-index" in local and "https://download.pytorch.org/whl/cpu" in fallback
     cuda = make("-n", "install", f"VENV={tmp_path / 'venv'}", "TORCH_INDEX=https://download.pytorch.org/whl/cu126")
     assert "whl/cu126" in cuda
+
+
+def _pins(path):
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    return dict(line.split("==", 1) for line in lines if line and not line.startswith("#"))
+
+
+def test_install_and_test_use_the_tested_constraints(tmp_path):
+    pins = _pins(ROOT / "constraints.txt")
+    assert "continuous" not in pins and all(pins.values())
+    assert "+" not in pins["torch"]  # a CPU or CUDA build of it satisfies the pin alike
+    plan = make("-n", "install", f"VENV={tmp_path / 'venv'}")
+    assert f'"torch=={pins["torch"]}"' in plan  # the Makefile's TORCH is the tested torch
+    package = [line for line in plan.splitlines() if " -e " in line]
+    assert package and all("-c constraints.txt" in line for line in package)
+    for required in ("transformers", "llguidance", "outlines", "torch", "jsonschema", "pydantic"):
+        assert required in pins
+
+
+def test_test_latest_takes_the_newest_releases_in_an_environment_of_its_own():
+    plan = make("-n", "test-latest")
+    assert "constraints.txt" not in plan and ".venv-latest/bin/python -m pytest -q -m \"not slow\"" in plan
+    assert "--upgrade" in plan and "https://download.pytorch.org/whl/cpu" in plan
+    assert "make test-latest ||" in (ROOT / ".ci" / "run").read_text()  # CI does not fail on it

@@ -6,6 +6,7 @@ from support.models import build_model_dir
 
 from continuous import continuous, generate, models
 from continuous.models.base import Stats
+from continuous.models.transformers import check_causal
 
 
 def test_loads_from_a_path_and_counts_its_work(tmp_path_factory):
@@ -92,3 +93,38 @@ def test_loading_errors_say_what_to_pass(saved, tmp_path, tokenizer):
         models.transformers(saved, dtype="float33")
     with pytest.raises(ValueError, match="dtype must be"):
         models.transformers(saved, dtype="nn")
+
+
+@pytest.mark.parametrize("kind, params", [
+    ("distilbert", dict(dim=16, hidden_dim=32, n_layers=1, n_heads=2, vocab_size=64)),
+    ("deberta-v2", dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        vocab_size=64)),
+])
+def test_an_encoder_whose_config_has_no_is_decoder_is_refused_as_an_encoder(tmp_path, tokenizer, kind, params):
+    from transformers import AutoConfig, AutoModelForMaskedLM
+
+    config = AutoConfig.for_model(kind, **params)
+    with pytest.raises(ValueError, match="is an encoder"):
+        check_causal(config)
+    with pytest.raises(ValueError, match="is an encoder"):
+        models.transformers(AutoModelForMaskedLM.from_config(config), tokenizer)
+
+
+def test_a_base_model_without_a_language_model_head_is_refused(hf_model, tokenizer):
+    from transformers import AutoModel
+
+    base = AutoModel.from_config(hf_model.config)
+    with pytest.raises(ValueError, match="no language-model head.*AutoModelForCausalLM"):
+        models.transformers(base, tokenizer)
+
+
+def test_a_model_cast_or_moved_gets_a_wrapper_that_says_so(tokenizer):
+    from support.models import build_llama
+
+    hf = build_llama(tokenizer, "tiny", seed=1)
+    first = models.transformers(hf, tokenizer)
+    assert first.dtype == torch.float32 and models.transformers(hf, tokenizer) is first
+    half = models.transformers(hf, tokenizer, dtype=torch.bfloat16)
+    assert half is not first and half.dtype == torch.bfloat16
+    assert models.transformers(hf, tokenizer) is half
+    assert isinstance(continuous(generate.text(half))("Alice", max_tokens=2).value, str)

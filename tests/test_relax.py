@@ -3,10 +3,11 @@ decoding, validated on value; and the forms normalized before compiling."""
 
 
 import pytest
+from support.constraints import accepts
 
 from continuous import BanExhausted, continuous, generate
 from continuous.engines import llguidance as llg
-from continuous.engines.relax import normalize
+from continuous.engines.relax import draft7, normalize
 
 ITEMS = {"type": "array", "items": {"enum": ["red", "green", "blue", "black"]}, "minItems": 3, "maxItems": 3}
 
@@ -45,10 +46,35 @@ def test_what_the_engine_refuses_is_dropped_from_the_grammar(keyword, schema):
     assert keyword in llg.json_schema(schema, _tok()).dropped
 
 
-def test_a_refusal_that_cannot_be_relaxed_says_why_with_a_draft_7_hint():
+def test_a_refusal_that_cannot_be_relaxed_says_why():
     schema = {"type": "array", "items": [{"type": "string", "pattern": "a("}], "additionalItems": False}
-    with pytest.raises(ValueError, match="(?s)regex.*draft-7"):
+    with pytest.raises(ValueError, match="(?s)refuses.*regex"):
         llg.json_schema(schema, _tok())
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_draft_7_schema_is_read_as_draft_7_whether_it_says_so_or_not(model, declared):
+    schema = {"type": "object", "properties": {
+        "pair": {"type": "array", "items": [{"type": "integer"}, {"type": "string"}], "additionalItems": False},
+        "a": {"type": "integer"}, "b": {"type": "integer"}},
+        "dependencies": {"a": ["b"]}}
+    if declared:
+        schema["$schema"] = "http://json-schema.org/draft-07/schema#"
+    assert draft7(schema)
+    assert normalize(schema)["dependentRequired"] == {"a": ["b"]}
+    gen = generate.json(model, schema, whitespace="compact")
+    assert accepts(gen, '{"pair":[1,"x"]}') and not accepts(gen, '{"pair":[1,"x",2]}')
+    assert gen.parse('{"pair":[1,"x"],"a":1,"b":2}') == {"pair": [1, "x"], "a": 1, "b": 2}
+    with pytest.raises(ValueError, match="dependentRequired"):
+        gen.parse('{"a":1}')
+    with pytest.raises(ValueError, match="pair"):
+        gen.parse('{"pair":[1,2]}')
+
+
+def test_a_2020_12_schema_is_not_read_as_draft_7():
+    assert not draft7({"type": "array", "prefixItems": [{"type": "integer"}], "items": False})
+    assert not draft7({"$schema": "https://json-schema.org/draft/2020-12/schema", "dependencies": {"a": ["b"]}})
+    assert not draft7(True)
 
 
 @pytest.mark.parametrize("keyword, schema", [

@@ -169,3 +169,11 @@ def test_output_types_are_read_as_generate_json_reads_them():
     assert parser_of(int)("12") == 12 and parser_of(dt.date)("2024-02-29") == dt.date(2024, 2, 29)
     with pytest.raises(ValueError):
         parser_of(Old)('{"a": "x"}')
+
+
+def test_outlines_core_json_is_parsed_and_regex_text_kept(om):
+    value = continuous(outlines.Generator(om, Item))("Item:", max_tokens=200, seed=1, top_k=20).value
+    # (outlines_core's own compiler leaves out integer bounds: the keys are what is sure)
+    assert isinstance(value, dict) and set(value) == {"name", "count"}
+    digits = continuous(outlines.Generator(om, ot.Regex(r"[0-9]{3}")))("Number:").value
+    assert isinstance(digits, str) and len(digits) == 3

@@ -25,7 +25,8 @@ import torch
 from . import bits, caches, schema
 from .formats import DATE, DATE_TIME
 from .jsonwatch import Checks, JsonWatch
-from .relax import draft7_hint, normalize, relaxation
+from .lark import lexemes
+from .relax import normalize, relaxation
 
 __all__ = ["json_schema", "regex", "lark", "lltokenizer", "LLGuidanceConstraint", "LLGuidanceMatcher"]
 
@@ -230,8 +231,9 @@ def json_schema(document, tokenizer, whitespace_pattern: str | None = None) -> L
     Parameters
     ----------
     document
-        A JSON schema as ``dict`` (or ``bool``) or JSON ``str``; draft-7 forms are read as
-        such. The ``date`` and ``date-time`` formats are held to real calendar dates and
+        A JSON schema as ``dict`` (or ``bool``) or JSON ``str``; one that says it is draft
+        7 (or 4 or 6), or says no ``$schema`` and uses a form only draft 7 has, is read as
+        draft 7. The ``date`` and ``date-time`` formats are held to real calendar dates and
         RFC 3339 times by a pattern.
     tokenizer
         A fast HF tokenizer with an EOS token.
@@ -245,14 +247,13 @@ def json_schema(document, tokenizer, whitespace_pattern: str | None = None) -> L
         When the schema is not JSON, or llguidance refuses it over something that cannot
         be enforced another way, with its reason.
     """
-    given = schema.document(document)
-    doc = normalize(given)
+    doc = normalize(schema.document(document))
     options = {} if whitespace_pattern is None else {"whitespace_pattern": whitespace_pattern}
     key = ("llguidance", "JSON schema", json.dumps(doc), json.dumps(options))
-    return caches.compiled(tokenizer, key, lambda: _relaxed(doc, options, tokenizer, draft7_hint(given)))
+    return caches.compiled(tokenizer, key, lambda: _relaxed(doc, options, tokenizer))
 
 
-def _relaxed(doc, options: dict, tokenizer, hint: str) -> LLGuidanceConstraint:
+def _relaxed(doc, options: dict, tokenizer) -> LLGuidanceConstraint:
     """The constraint of ``doc``, relaxed until the engine takes it (see :mod:`.relax`)."""
     relaxed, dropped = doc, set()
     for _ in range(_RELAXATIONS):
@@ -264,7 +265,7 @@ def _relaxed(doc, options: dict, tokenizer, hint: str) -> LLGuidanceConstraint:
         except ValueError as exc:
             step = relaxation(relaxed, str(exc))
             if step is None:
-                raise ValueError(f"{exc}{hint}") from None
+                raise
             relaxed, more, extra = step
             dropped, options = dropped | more, {**options, **extra}
     else:
@@ -300,5 +301,16 @@ def regex(pattern: str, tokenizer) -> LLGuidanceConstraint:
 
 
 def lark(grammar: str, tokenizer) -> LLGuidanceConstraint:
-    """Text in the language of a Lark grammar (llguidance's dialect; the start rule is ``start``)."""
-    return _compiled("Lark grammar", grammar, "", tokenizer, lambda: llguidance.LLMatcher.grammar_from_lark(grammar))
+    """Text in the language of a Lark grammar (llguidance's dialect; the start rule is ``start``).
+
+    A rule that is an alternation of string literals is compiled as one terminal
+    (:func:`~continuous.engines.lark.lexemes`), so that its size does not matter.
+
+    Raises
+    ------
+    ValueError
+        When llguidance refuses the grammar, or a rule has more alternatives than its
+        parser takes at once, with the reason.
+    """
+    return _compiled("Lark grammar", grammar, "", tokenizer,
+                     lambda: llguidance.LLMatcher.grammar_from_lark(lexemes(grammar)))

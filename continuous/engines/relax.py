@@ -1,7 +1,9 @@
 """JSON schemas made ready for an engine: normalized, and relaxed to what its grammar can enforce.
 
 Normalizing keeps the language: whole-number floats in count keywords become integers,
-and draft-7 forms (a list of ``items``, ``additionalItems``) become draft 2020-12 ones.
+and draft-7 forms (a list of ``items``, ``additionalItems``, ``dependencies``) become draft
+2020-12 ones. A schema is read as draft 7 when its ``$schema`` says so, or when it says no
+``$schema`` and uses a form only draft 7 has.
 
 Relaxing widens it: where the engine refuses a schema only over keywords that narrow a
 language (``not``, ``if``/``then``/``else``, ``uniqueItems``, ``contains``,
@@ -16,7 +18,7 @@ import re
 
 from .schema import rewritten
 
-__all__ = ["normalize", "relaxation", "NARROWING", "draft7_hint"]
+__all__ = ["normalize", "relaxation", "NARROWING", "draft7"]
 
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
            "minContains", "maxContains")
@@ -36,9 +38,28 @@ _WIDENING = (("min/maxProperties only supported", frozenset({"minProperties", "m
              ("Schema intersection stack level exceeded", frozenset({"allOf"})))
 
 
+def draft7(schema) -> bool:
+    """Whether a schema is read as draft 7 (or 4 or 6): its ``$schema`` says so, or it says no
+    ``$schema`` and uses a form of those drafts (``items`` as a list, ``additionalItems``,
+    ``dependencies``), which draft 2020-12 does not have."""
+    if not isinstance(schema, dict):
+        return False
+    if "$schema" in schema:
+        return bool(_DRAFT7.search(str(schema["$schema"])))
+    found = []
+
+    def look(node):
+        if isinstance(node.get("items"), list) or "additionalItems" in node or "dependencies" in node:
+            found.append(node)
+        return node
+
+    rewritten(schema, look)
+    return bool(found)
+
+
 def normalize(schema):
-    """The same language in the forms engines read (draft 2020-12, integer counts)."""
-    draft7 = isinstance(schema, dict) and bool(_DRAFT7.search(str(schema.get("$schema", ""))))
+    """The same language in the forms engines and validators read (draft 2020-12, integer counts)."""
+    old = draft7(schema)
 
     def fix(node):
         for key in _COUNTS:
@@ -48,8 +69,10 @@ def normalize(schema):
             node["prefixItems"] = node.pop("items")
             if "additionalItems" in node:
                 node["items"] = node.pop("additionalItems")
-        elif draft7 and "additionalItems" in node:
+        elif old and "additionalItems" in node:
             node.pop("additionalItems")  # with a single items schema it has no effect
+        if old and isinstance(node.get("dependencies"), dict):
+            _split_dependencies(node)
         for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
             if node.get(exclusive) is True and bound in node:  # draft 4: a flag beside the bound
                 node[exclusive] = node.pop(bound)
@@ -58,9 +81,17 @@ def normalize(schema):
         return node
 
     out = rewritten(schema, fix)
-    if draft7:
-        out.pop("$schema")
+    if old:
+        out.pop("$schema", None)
     return out
+
+
+def _split_dependencies(node: dict) -> None:
+    """Draft 7's ``dependencies`` as draft 2020-12's ``dependentRequired`` (lists of names)
+    and ``dependentSchemas`` (schemas)."""
+    for name, then in node.pop("dependencies").items():
+        key = "dependentRequired" if isinstance(then, list) else "dependentSchemas"
+        node[key] = {**node.get(key, {}), name: then}
 
 
 def relaxation(schema, reason: str) -> tuple[object, set[str], dict] | None:
@@ -99,14 +130,3 @@ def _drop_format(node: dict, name: str) -> dict:
     if node.get("format") == name:
         node = {k: v for k, v in node.items() if k != "format"}
     return node
-
-
-def draft7_hint(schema) -> str:
-    """A hint for a refused schema that looks like draft 7 but does not say so (else ``""``)."""
-    if not isinstance(schema, dict) or "$schema" in schema:
-        return ""
-    text = str(schema)
-    if "'additionalItems'" in text or "'dependencies'" in text:
-        return (' (it looks like a draft-7 schema: add "$schema": "http://json-schema.org/draft-07/schema#" '
-                "so that it is read as one)")
-    return ""

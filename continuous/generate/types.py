@@ -25,7 +25,7 @@ from pydantic import (
 )
 from typing_extensions import NotRequired, Required
 
-__all__ = ["pattern_of", "grammar_of", "choices_of", "schema_of", "parser_of"]
+__all__ = ["pattern_of", "grammar_of", "choices_of", "schema_of", "parser_of", "json_or_text"]
 
 
 def pattern_of(spec) -> str | None:
@@ -53,15 +53,15 @@ def choices_of(spec) -> dict[str, Any] | None:
     return {str(item): item for item in items}
 
 
-def schema_of(spec) -> tuple[Any, Callable[[str], Any], bool] | None:
-    """The JSON schema of an ``outlines.types.JsonSchema`` or a Python type, how to parse a
-    document into the type, and whether objects are closed (they take their fields only).
+def schema_of(spec) -> tuple[Any, Callable[[str], Any] | None] | None:
+    """The JSON schema of an ``outlines.types.JsonSchema`` or a Python type, and how to parse
+    a document into the type (``None``: as JSON).
 
     Python types are what pydantic reads: models, dataclasses, ``TypedDict``, ``list[...]``,
     ``dict[str, ...]``, ``Literal``, ``Enum``, ``Optional`` and unions.
     """
     if isinstance(spec, JsonSchema):
-        return json.loads(spec.schema), None, False
+        return json.loads(spec.schema), None
     if not _is_type(spec):
         return None
     try:
@@ -70,8 +70,8 @@ def schema_of(spec) -> tuple[Any, Callable[[str], Any], bool] | None:
     except (PydanticSchemaGenerationError, PydanticUserError) as exc:
         raise TypeError(f"{spec!r} has no JSON schema: {exc}") from None
     if isinstance(spec, type) and issubclass(spec, BaseModel):
-        return schema, spec.model_validate_json, True
-    return schema, adapter.validate_json, True
+        return schema, spec.model_validate_json
+    return schema, adapter.validate_json
 
 
 def parser_of(python_type) -> Callable[[str], Any]:
@@ -85,6 +85,21 @@ def parser_of(python_type) -> Callable[[str], Any]:
             return adapter.validate_strings(text)
 
     return parse
+
+
+def json_or_text(text: str) -> Any:
+    """The value of an outlines generator on outlines_core: the parsed JSON of a JSON object
+    or array, else the text.
+
+    Its ``Index`` does not say whether a JSON schema or a regex made it; the schemas of
+    outlines' output types are objects and arrays, and a regex's text is kept as it is.
+    """
+    if text.lstrip()[:1] in ("{", "["):
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
+    return text
 
 
 def _readable(spec):

@@ -69,7 +69,6 @@ class Transformers:
         self._arange = None
         self.scheduler = Scheduler(self._run_one, self._run_joint, _check_chunk(prefill_chunk))
         self.prefix_cache = PrefixCache(parse_bytes(prefix_cache)) if prefix_cache else None
-        self.options = (compile, prefill_chunk, prefix_cache)
         self.compile = compile
         if compile:
             # Decode steps (one token, or a short forced run) run compiled, on fixed shapes
@@ -295,10 +294,11 @@ def check_causal(config) -> None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
     kind = config.model_type
-    if config.is_encoder_decoder:
+    # Some encoders' configs (DistilBERT, DeBERTa-v2) have no is_decoder at all.
+    if getattr(config, "is_encoder_decoder", False):
         raise ValueError(f"{kind} is an encoder-decoder model: continuous generates with decoder-only causal LMs "
                          "(AutoModelForCausalLM: Llama, Qwen, Mistral, Gemma, Phi, GPT-2...)")
-    if kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not config.is_decoder:
+    if kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False):
         raise ValueError(f"{kind} is an encoder: its attention sees the whole text, so it cannot generate "
                          "token by token; use a decoder-only causal LM (or a config with is_decoder=True)")
 
@@ -348,13 +348,16 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
     Returns
     -------
     Transformers
-        The same object for the same loaded HF model, so its ``stats`` are shared.
+        The same object for the same loaded HF model and options, so its ``stats`` (and its
+        scheduler and prefix cache) are shared, while the model keeps its device and dtype
+        (one moved or cast gets a new wrapper).
 
     Raises
     ------
     ValueError
         For a model whose state cannot be cropped (Mamba, linear attention, chunked
-        attention), or that is not a causal LM, with the reason; for an unknown dtype.
+        attention), or that is not a causal LM (an encoder, or a base model with no
+        language-model head), with the reason; for an unknown dtype.
     FileNotFoundError
         For a local path that does not exist, or a file where a folder is expected.
     TypeError
@@ -372,11 +375,24 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
         model = model_or_path
         if tokenizer is None:
             raise TypeError("models.transformers(model) needs the tokenizer when given a loaded model")
+    _check_head(model)
     if device is not None or dtype not in (None, "auto"):
         model = model.to(device=device, dtype=None if dtype == "auto" else dtype)
-    wrapped = _WRAPPED.get(model)
-    options = (compile, prefill_chunk, prefix_cache)
-    if wrapped is None or wrapped.tokenizer is not tokenizer or wrapped.options != options:
-        wrapped = Transformers(model, tokenizer, compile, prefill_chunk, prefix_cache)
-        _WRAPPED[model] = wrapped
+    # One wrapper per model and options, reused while it describes the model: moved or cast
+    # (in place, as model.to does), the model gets a new one.
+    wrappers = _WRAPPED.setdefault(model, {})
+    key = (id(tokenizer), compile, prefill_chunk, prefix_cache)
+    wrapped = wrappers.get(key)
+    weights = next(model.parameters())
+    if (wrapped is None or wrapped.tokenizer is not tokenizer or wrapped.dtype != weights.dtype
+            or wrapped.device != weights.device):
+        wrapped = wrappers[key] = Transformers(model, tokenizer, compile, prefill_chunk, prefix_cache)
     return wrapped
+
+
+def _check_head(model) -> None:
+    """Refuse a model without a language-model head (a base ``AutoModel``): it gives no logits."""
+    check_causal(model.config)
+    if getattr(model, "get_output_embeddings", lambda: None)() is None:
+        raise ValueError(f"{type(model).__name__} has no language-model head, so it gives no next-token "
+                         "logits: load it with AutoModelForCausalLM (or pass a path)")
