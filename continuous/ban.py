@@ -59,7 +59,8 @@ class BanList:
     ban
         A list of phrases (``str``) and compiled ``regex`` (or ``re``) patterns, or a dict
         mapping them to a factor in ``[0, 1]``: 0 forbids the token that starts the match
-        at that position, another factor multiplies its probability there (soft ban).
+        at that position (as the list does), a larger factor multiplies its probability
+        there (a soft ban).
     case_sensitive
         Whether phrases match case (patterns carry their own flags).
 

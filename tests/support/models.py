@@ -170,6 +170,71 @@ def build_model_dir(path: str | Path, size: str = "tiny", seed: int = 0, **overr
 #: llama.cpp's vocab-only test files that transformers converts (``gguf_file=``).
 GGUF_VOCABS = ("llama-bpe", "llama-spm", "qwen2", "gpt-2", "phi-3", "falcon")
 _SDIST = "llama-cpp-python==0.3.36"  # pinned: its vendor/llama.cpp/models holds the files
+#: The revision of :func:`gguf_tokenizer`'s conversion; it names the cached copies, so that a
+#: copy converted by an earlier revision is never used (bump it when the conversion changes).
+TOKENIZER_REVISION = 2
+
+
+def _gguf_field(reader, key: str, default=None):
+    """A scalar or string field of a GGUF file's header, or ``default`` when the file has none."""
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    value = field.parts[field.data[0]]
+    return bytes(value).decode() if field.types[0].name == "STRING" else value[0].item()
+
+
+def gguf_tokenizer(gguf: Path):
+    """A GGUF file's tokenizer as its model splits text: transformers' loader, with the steps it drops.
+
+    transformers' GGUF loader reads the vocabulary and merges faithfully but not the
+    pre-tokenizer that llama.cpp names in ``tokenizer.ggml.pre``: for most names it writes a
+    plain byte-level step. This restores, as llama.cpp applies them:
+
+    - ``smollm`` (SmolLM, SmolLM2): digits split one by one before the byte-level step, so
+      ``"\\n\\n1."`` is ``ĊĊ 1 .``, not ``Ċ Ċ 1 .``;
+    - ``falcon``: punctuation runs split first, digits grouped in threes after;
+    - ``llama-bpe`` (Llama 3): a piece that is one token of the vocabulary is that token,
+      whatever the merges say (``ignore_merges``);
+    - SentencePiece vocabularies (``tokenizer.ggml.model`` ``llama``) that add a space prefix:
+      a space is always prepended and every space becomes ``▁``, so a leading space is kept
+      (the loader's Metaspace step drops it).
+
+    ``qwen2`` and ``gpt-2`` are converted right already and are left as they are.
+
+    Parameters
+    ----------
+    gguf
+        The GGUF file (weights or vocabulary only).
+
+    Returns
+    -------
+    transformers.PreTrainedTokenizerFast
+    """
+    from gguf import GGUFReader
+    from tokenizers import Regex, normalizers
+    from tokenizers import pre_tokenizers as pre
+    from transformers import AutoTokenizer
+
+    reader = GGUFReader(gguf)
+    kind = _gguf_field(reader, "tokenizer.ggml.model")
+    name = _gguf_field(reader, "tokenizer.ggml.pre", "default")
+    prefix = bool(_gguf_field(reader, "tokenizer.ggml.add_space_prefix", True))
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    backend = tok.backend_tokenizer
+    byte_level = pre.ByteLevel(add_prefix_space=False, use_regex=True)
+    if name == "smollm":
+        backend.pre_tokenizer = pre.Sequence([pre.Digits(individual_digits=True), byte_level])
+    elif name == "falcon":
+        backend.pre_tokenizer = pre.Sequence([
+            pre.Punctuation("contiguous"), byte_level, pre.Digits(individual_digits=False),
+            pre.Split(Regex("[0-9][0-9][0-9]"), "isolated")])
+    elif name == "llama-bpe":
+        backend.model.ignore_merges = True
+    elif kind == "llama" and prefix:
+        backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        backend.pre_tokenizer = None
+    return tok
 
 
 def cache_dir() -> Path:
@@ -179,13 +244,19 @@ def cache_dir() -> Path:
     return Path(os.environ.get("CONTINUOUS_CACHE") or Path.home() / ".cache" / "continuous")
 
 
-def _gguf_file(name: str) -> Path:
-    """Extract ``ggml-vocab-NAME.gguf`` from llama-cpp-python's sdist (downloaded once, pinned)."""
+def llama_cpp_vocab_file(filename: str) -> Path:
+    """Extract ``models/FILENAME`` from llama-cpp-python's sdist (downloaded once, pinned).
+
+    The folder holds vocab-only GGUF files ``ggml-vocab-NAME.gguf``, and for most of them
+    ``.gguf.inp`` (texts) and ``.gguf.out`` (the ids that the model's own Hugging Face
+    tokenizer gives them, one line a text).
+    """
+    import os
     import subprocess
     import sys
     import tarfile
 
-    out = cache_dir() / "gguf" / f"ggml-vocab-{name}.gguf"
+    out = cache_dir() / "gguf" / filename
     if out.exists():
         return out
     sdists = cache_dir() / "sdist"
@@ -197,9 +268,9 @@ def _gguf_file(name: str) -> Path:
         found = sorted(sdists.glob("llama_cpp_python-*.tar.gz"))
     out.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(found[-1]) as tar:
-        member = next(m for m in tar.getmembers() if m.name.endswith(f"/models/ggml-vocab-{name}.gguf"))
+        member = next(m for m in tar.getmembers() if m.name.endswith(f"/models/{filename}"))
         with tar.extractfile(member) as src:
-            tmp = out.with_suffix(".part")
+            tmp = out.with_name(f"{out.name}.{os.getpid()}.part")  # .gguf and .gguf.inp apart
             tmp.write_bytes(src.read())
             tmp.replace(out)
     return out
@@ -225,10 +296,9 @@ def real_tokenizer(name: str):
 
     if name not in GGUF_VOCABS:
         raise ValueError(f"unknown vocabulary {name!r}; choose one of {GGUF_VOCABS}")
-    saved = cache_dir() / "tokenizers" / name
+    saved = cache_dir() / f"tokenizers-{TOKENIZER_REVISION}" / name
     if not (saved / "tokenizer.json").exists():
-        gguf = _gguf_file(name)
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tok = gguf_tokenizer(llama_cpp_vocab_file(f"ggml-vocab-{name}.gguf"))
         tmp = saved.with_name(name + ".part")
         tok.save_pretrained(tmp)
         if saved.exists():
