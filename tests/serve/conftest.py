@@ -1,7 +1,7 @@
 """Servers for the tests, each stopped by its pid in its fixture's finalizer.
 
 The model is the tiny test model (random weights, a BPE tokenizer) saved with a small
-chat template.
+chat template, with a context of :data:`CONTEXT` tokens.
 """
 
 from __future__ import annotations
@@ -9,23 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from serving import CONTEXT, TEMPLATE, Server, start, stop
+from support.serving import Server, save_chat_model, start, stop
+
+CONTEXT = 512
 
 
 @pytest.fixture(scope="session")
 def chat_model_dir(tmp_path_factory) -> Path:
-    from support.models import build_llama, build_tokenizer
-
-    path = tmp_path_factory.mktemp("serve-model")
-    tokenizer = build_tokenizer(1000)
-    tokenizer.chat_template = TEMPLATE
-    build_llama(tokenizer, "tiny", seed=0, max_position_embeddings=CONTEXT).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_chat_model(tmp_path_factory.mktemp("serve-model") / "tiny", "tiny", CONTEXT)
 
 
 def _serving(request, tmp_path_factory, model_dir: Path, *args: str) -> Server:
-    server = start(model_dir, tmp_path_factory.mktemp("serve-log") / "server.log", *args)
+    server = start(model_dir, tmp_path_factory.mktemp("serve-log") / "server.log", "--dtype", "float32", *args)
     request.addfinalizer(lambda: stop(server.pid))
     return server
 

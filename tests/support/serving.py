@@ -1,4 +1,8 @@
-"""Starting and stopping ``python -m continuous.serve`` in a subprocess on a free localhost port."""
+"""``python -m continuous.serve`` in a subprocess on a free localhost port, for tests and benchmarks.
+
+:func:`start` returns once the server answers ``/health``; :func:`stop` ends it by its pid.
+:func:`save_chat_model` saves a test model with a small chat template, to serve.
+"""
 
 from __future__ import annotations
 
@@ -14,23 +18,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+#: A chat template for the test models (they have none): roles in markers, turns ending with EOS.
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-CONTEXT = 512
-NAME = "tiny-chat"
+NAME = "served"  # the name the served model answers to
 TIMEOUT = 60.0  # seconds for any one client call
 
 
 @dataclass
 class Server:
+    """A running server: its address and its process id."""
+
     url: str
     pid: int
-    model_dir: Path
 
     def client(self, **options):
+        """An ``openai.OpenAI`` client of this server (no retries, bounded in time)."""
         import openai
 
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", timeout=TIMEOUT, max_retries=0, **options)
+        options = {"timeout": TIMEOUT, "max_retries": 0, **options}
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", **options)
 
     def health(self) -> dict:
         with urllib.request.urlopen(self.url + "/health", timeout=TIMEOUT) as answer:
@@ -45,6 +52,15 @@ class Server:
         return health
 
 
+def save_chat_model(path: Path, size: str = "tiny", context: int = 512) -> Path:
+    """A test model of this size with :data:`TEMPLATE` as its chat template, saved under ``path``."""
+    from support.models import build_model_dir
+
+    path = build_model_dir(path, size=size, max_position_embeddings=context)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    if config.get("chat_template") is None and not (path / "chat_template.jinja").exists():
+        (path / "chat_template.jinja").write_text(TEMPLATE)
+    return path
 
 
 def _free_port() -> int:
@@ -53,29 +69,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(model_dir: Path, log: Path, *args: str) -> Server:
-    """A server on a free port, once it answers ``/health`` (its process is started here)."""
+def start(model_dir: Path, log: Path, *args: str, wait: float = 300.0) -> Server:
+    """A server of ``model_dir`` on a free port, once it answers ``/health`` (stop it with :func:`stop`)."""
     port = _free_port()
     command = [sys.executable, "-m", "continuous.serve", str(model_dir), "--port", str(port),
-               "--served-model-name", NAME, "--dtype", "float32", "--log-level", "warning", *args]
+               "--served-model-name", NAME, "--log-level", "warning", *args]
     with open(log, "w") as out:
         proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    server = Server(f"http://127.0.0.1:{port}", proc.pid, model_dir)
-    deadline = time.monotonic() + 180
+    server = Server(f"http://127.0.0.1:{port}", proc.pid)
+    deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(f"the server exited with {proc.returncode}:\n{Path(log).read_text()[-3000:]}")
         try:
             server.health()
             return server
         except OSError:
             time.sleep(0.2)
     stop(proc.pid)
-    raise RuntimeError(f"the server did not answer in 180 s:\n{log.read_text()[-3000:]}")
+    raise RuntimeError(f"the server did not answer in {wait:.0f} s:\n{Path(log).read_text()[-3000:]}")
 
 
 def stop(pid: int) -> None:
-    """Stop the server by its pid: SIGTERM, then SIGKILL if it lingers."""
+    """End the server by its pid: SIGTERM, then SIGKILL if it lingers."""
     try:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 20
