@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     from continuous.serve.app import build_app
 
     app = build_app(load(args), name=args.served_model_name or args.model, max_queue=args.max_queue)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    # Streams still open at shutdown are cut after a few seconds rather than awaited.
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
 
 
 if __name__ == "__main__":

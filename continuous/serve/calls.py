@@ -106,6 +106,8 @@ class Call:
         raw, sent, logged = [""] * rows, [0] * rows, [0] * rows
         want_logprobs = self.options.get("logprobs") is not None
         try:
+            # Extension point (think=): pieces of the thinking section will go to a
+            # reasoning delta of their own, beside ``text``.
             async for pieces in stream:
                 entries = stream.state.logprobs if want_logprobs else None
                 step = []
