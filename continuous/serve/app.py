@@ -99,10 +99,8 @@ def _errors(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             return _error(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}",
                           code="invalid_json")
-        where = [str(p) for p in first.get("loc", ()) if p != "body"]
-        param = ".".join(where) or None
-        problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e['msg']}"
-                             for e in exc.errors())
+        param = _place(first)
+        problems = "; ".join(f"{_place(e) or 'body'}: {e['msg']}" for e in exc.errors())
         return _error(400, problems, param, code="invalid_value" if param else "invalid_body")
 
     @app.exception_handler(HTTPException)
@@ -114,6 +112,11 @@ def _errors(app: FastAPI) -> None:
     async def failed(request, exc: Exception):
         log.exception("request failed")
         return _error(500, f"the server failed: {type(exc).__name__}: {exc}", kind="server_error")
+
+
+def _place(error: dict) -> str | None:
+    """Where in the body a validation error is, as OpenAI's ``param`` names it (``messages.0.role``)."""
+    return ".".join(str(p) for p in error.get("loc", ()) if p != "body") or None
 
 
 def _routes(app: FastAPI, served: Served) -> None:

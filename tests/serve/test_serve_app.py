@@ -267,13 +267,15 @@ def test_a_full_queue_answers_429_and_a_client_gone_mid_stream_frees_its_row(sma
 def test_a_client_gone_before_a_whole_answer_cancels_its_call(small_server):
     client = small_server.client()
     room = client.models.list().data[0].max_model_len - 16
-    started = time.perf_counter()
-    full = client.completions.create(model=NAME, prompt="Order #1", max_tokens=room, temperature=0)
-    alone = time.perf_counter() - started
+    alone = []
+    for _ in range(2):  # the first call on a fresh server also pays one-time costs
+        started = time.perf_counter()
+        full = client.completions.create(model=NAME, prompt="Order #1", max_tokens=room, temperature=0)
+        alone.append(time.perf_counter() - started)
     assert full.choices[0].finish_reason == "length"
     before = small_server.wait_idle()["stats"]
-    with pytest.raises(openai.APITimeoutError):  # the client gives up a quarter of the way
-        client.with_options(timeout=alone / 4).completions.create(model=NAME, prompt="Order #1", max_tokens=room,
-                                                                 temperature=0)
+    with pytest.raises(openai.APITimeoutError):  # the client gives up a fifth of the way
+        client.with_options(timeout=min(alone) / 5).completions.create(model=NAME, prompt="Order #1",
+                                                                      max_tokens=room, temperature=0)
     after = small_server.wait_idle()["stats"]
     assert after["forward_calls"] - before["forward_calls"] < room * 3 // 4
