@@ -147,3 +147,10 @@ def test_the_queue_refuses_past_its_length_and_frees_on_release(model):
 def test_a_model_without_a_chat_template_is_told_to_use_completions(model):
     with pytest.raises(RequestError, match="/v1/completions"):
         Served(model, "m", 1).chat_prompt([{"role": "user", "content": "hi"}])
+
+
+def test_messages_the_chat_template_refuses_are_a_bad_request(model, monkeypatch):
+    monkeypatch.setattr(model.tokenizer, "chat_template", "{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(RequestError, match="roles must alternate") as refused:
+        Served(model, "m", 1).chat_prompt([{"role": "user", "content": "hi"}])
+    assert refused.value.status == 400 and refused.value.param == "messages"
