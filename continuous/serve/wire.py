@@ -97,6 +97,9 @@ class _Request(_Strict):
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
+    # OpenAI's penalties are not implemented: only their neutral value is accepted.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     @field_validator("stop")
     @classmethod
@@ -105,10 +108,6 @@ class _Request(_Strict):
         if stops is not None and not all(stops):
             raise ValueError("a stop string may not be empty")
         return stop
-
-    # OpenAI's penalties are not implemented: only their neutral value is accepted.
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
 
     @field_validator("frequency_penalty", "presence_penalty")
     @classmethod
