@@ -1,0 +1,334 @@
+"""The server's routes: OpenAI's chat and text completions, models, and health.
+
+Every error is OpenAI-shaped (``{"error": {"message", "type", "param", "code"}}``).
+A request counts against the queue from its arrival to its last byte; past the
+queue's length the server answers 429. A client that goes away (mid-stream, or
+while waiting for a whole answer) has its call closed, which frees its rows at the
+next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing, asynccontextmanager
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException
+
+from .calls import Call, Delta, RequestError, Served, tokens_cached
+from .wire import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatMessage,
+    ChatRequest,
+    ChoiceLogprobs,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    ErrorBody,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    PromptTokensDetails,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+
+__all__ = ["build_app"]
+
+log = logging.getLogger("continuous.serve")
+
+
+def build_app(model, *, name: str, max_queue: int = 64) -> FastAPI:
+    """The OpenAI-compatible application serving ``model``.
+
+    Parameters
+    ----------
+    model
+        A continuous model (``models.transformers(...)``).
+    name
+        The model's name: requests must give it as ``model``.
+    max_queue
+        Most requests running or waiting at once; more are answered 429.
+    """
+    served = Served(model, name, max_queue)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        # Each call in flight waits on one worker thread per step: enough threads for a
+        # full queue, so that concurrent calls can share the model's steps.
+        executor = ThreadPoolExecutor(max_workers=max_queue + 4, thread_name_prefix="continuous-serve")
+        asyncio.get_running_loop().set_default_executor(executor)
+        yield
+        executor.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="continuous", lifespan=lifespan)
+    app.state.served = served
+    _errors(app)
+    _routes(app, served)
+    return app
+
+
+def _error(status: int, message: str, param: str | None = None, code: str | None = None,
+           kind: str = "invalid_request_error") -> JSONResponse:
+    body = ErrorResponse(error=ErrorBody(message=message, type=kind, param=param, code=code))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+def _errors(app: FastAPI) -> None:
+    @app.exception_handler(RequestError)
+    async def refused(request, exc: RequestError):
+        return _error(exc.status, exc.message, exc.param, exc.code, exc.kind)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, exc: RequestValidationError):
+        first = exc.errors()[0]
+        if first.get("type") == "json_invalid":
+            return _error(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}",
+                          code="invalid_json")
+        param = _place(first)
+        problems = "; ".join(f"{_place(e) or 'body'}: {e['msg']}" for e in exc.errors())
+        return _error(400, problems, param, code="invalid_value" if param else "invalid_body")
+
+    @app.exception_handler(HTTPException)
+    async def http(request, exc: HTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(exc.status_code, str(exc.detail), kind=kind)
+
+    @app.exception_handler(Exception)
+    async def failed(request, exc: Exception):
+        log.exception("request failed")
+        return _error(500, f"the server failed: {type(exc).__name__}: {exc}", kind="server_error")
+
+
+def _place(error: dict) -> str | None:
+    """Where in the body a validation error is, as OpenAI's ``param`` names it (``messages.0.role``)."""
+    return ".".join(str(p) for p in error.get("loc", ()) if p != "body") or None
+
+
+def _routes(app: FastAPI, served: Served) -> None:
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": served.name, "in_flight": served.in_flight,
+                "max_queue": served.max_queue, "stats": served.stats()}
+
+    @app.get("/v1/models")
+    async def list_models() -> ModelList:
+        return ModelList(data=[ModelCard(id=served.name, created=served.created,
+                                         max_model_len=served.model.max_length)])
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request):
+        _check_model(served, body.model)
+        if body.tools or body.tool_choice is not None:
+            # Extension point (tools): generate.tools will build the generator here, and
+            # calls come back in message.tool_calls with finish_reason "tool_calls".
+            raise RequestError("tools and tool_choice are not supported yet", param="tools",
+                               code="unsupported_parameter")
+        prompt = served.chat_prompt([m.template_dict() for m in body.messages])
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        call = served.call([prompt], body, body.limit, logprobs, param="messages")
+        return await _answer(served, request, call, body.stream, _ChatShape(served, body))
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        _check_model(served, body.model)
+        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        call = served.call(prompts, body, body.limit, body.logprobs, param="prompt")
+        return await _answer(served, request, call, body.stream, _TextShape(served, body))
+
+
+def _check_model(served: Served, name: str) -> None:
+    if name != served.name:
+        raise RequestError(f"the model {name!r} is not served here; this server serves {served.name!r}",
+                           status=404, param="model", code="model_not_found", kind="not_found_error")
+
+
+async def _answer(served: Served, request: Request, call: Call, stream: bool, shape: "_Shape"):
+    """Run the call in a queue slot: the whole answer, or its server-sent events."""
+    served.admit()
+    try:
+        started = call.astream()  # the call's arguments are checked here, before any answer
+    except (ValueError, TypeError) as exc:
+        served.release()
+        raise RequestError(str(exc)) from exc
+    if stream:
+        return _Events(shape.events(call, started), served.release)
+    try:
+        state = await _unless_gone(request, _drain(started))
+    finally:
+        served.release()
+    if state is None:  # the client left: nobody reads an answer
+        return JSONResponse({}, status_code=499)
+    return JSONResponse(shape.whole(call, state).model_dump(exclude_none=True))
+
+
+async def _drain(stream):
+    async for _ in stream:
+        pass
+    return stream.state
+
+
+async def _unless_gone(request: Request, work) -> Any:
+    """``work``'s result, or ``None`` when the client disconnects first (``work`` is then cancelled)."""
+    task = asyncio.ensure_future(work)
+
+    async def gone():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()  # the stream closes after the step under way, freeing its rows
+            await asyncio.wait({task})
+    return task.result() if not task.cancelled() else None
+
+
+class _Events(StreamingResponse):
+    """Server-sent events whose source is closed however the response ends, a client gone included."""
+
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]):
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+            self._on_close()
+
+
+def _sse(item: BaseModel) -> str:
+    return f"data: {item.model_dump_json(exclude_none=True)}\n\n"
+
+
+class _Shape:
+    """How one endpoint writes a call's answer: whole, or as chunks."""
+
+    prefix = "cmpl"
+
+    def __init__(self, served: Served, body):
+        self.served, self.body = served, body
+        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def usage(self, call: Call, state, rows) -> Usage:
+        prompt = sum(call.prompt_tokens)
+        completion = sum(row.tokens for row in rows)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=tokens_cached(state)))
+
+    async def events(self, call: Call, stream) -> AsyncIterator[str]:
+        """The answer as server-sent events, ending with ``[DONE]`` (an error event if the call fails)."""
+        try:
+            for opening in self.opening(call):
+                yield _sse(opening)
+            async with aclosing(call.deltas(stream)) as steps:
+                async for step in steps:
+                    if any(d.text or d.logprobs or d.finish_reason for d in step):
+                        yield _sse(self.chunk(step))
+            options = self.body.stream_options
+            if options is not None and options.include_usage:
+                yield _sse(self.usage_chunk(self.usage(call, stream.state, call.rows(stream.state))))
+        except Exception as exc:  # the status line is sent: the error goes in the stream
+            log.exception("stream failed")
+            yield _sse(ErrorResponse(error=ErrorBody(message=f"{type(exc).__name__}: {exc}", type="server_error")))
+        yield "data: [DONE]\n\n"
+
+    def opening(self, call: Call) -> list:
+        return []
+
+
+class _ChatShape(_Shape):
+    prefix = "chatcmpl"
+
+    def whole(self, call: Call, state) -> ChatCompletion:
+        rows = call.rows(state)
+        choices = [ChatChoice(index=i, message=ChatMessage(content=row.text), finish_reason=row.finish_reason,
+                              logprobs=_chat_logprobs(row.logprobs, self.body.logprobs))
+                   for i, row in enumerate(rows)]
+        return ChatCompletion(id=self.id, created=self.created, model=self.served.name, choices=choices,
+                              usage=self.usage(call, state, rows))
+
+    def opening(self, call: Call) -> list:
+        rows = len(call.prompts) * call.n
+        return [self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))
+                             for i in range(rows)])]
+
+    def chunk(self, step: list[Delta]) -> ChatCompletionChunk:
+        return self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=d.text), finish_reason=d.finish_reason,
+                                            logprobs=_chat_logprobs(d.logprobs, self.body.logprobs))
+                            for i, d in enumerate(step) if d.text or d.logprobs or d.finish_reason])
+
+    def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
+        return self._chunk([], usage)
+
+    def _chunk(self, choices, usage=None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=self.id, created=self.created, model=self.served.name, choices=choices,
+                                   usage=usage)
+
+
+class _TextShape(_Shape):
+    def whole(self, call: Call, state) -> Completion:
+        rows = call.rows(state)
+        choices = [CompletionChoice(index=i, text=row.text, finish_reason=row.finish_reason,
+                                    logprobs=_text_logprobs(row.logprobs))
+                   for i, row in enumerate(rows)]
+        return Completion(id=self.id, created=self.created, model=self.served.name, choices=choices,
+                          usage=self.usage(call, state, rows))
+
+    def chunk(self, step: list[Delta]) -> Completion:
+        wanted = self.body.logprobs is not None
+        return Completion(id=self.id, created=self.created, model=self.served.name, choices=[
+            CompletionChoice(index=i, text=d.text, finish_reason=d.finish_reason,
+                             logprobs=_text_logprobs(d.logprobs) if wanted else None)
+            for i, d in enumerate(step) if d.text or d.logprobs or d.finish_reason])
+
+    def usage_chunk(self, usage: Usage) -> Completion:
+        return Completion(id=self.id, created=self.created, model=self.served.name, choices=[], usage=usage)
+
+
+def _bytes(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def _chat_logprobs(entries: list[tuple] | None, wanted: bool) -> ChoiceLogprobs | None:
+    """The library's ``(text, logprob, [(alternative, logprob)])`` entries in chat's form."""
+    if not wanted or entries is None:
+        return None
+    return ChoiceLogprobs(content=[
+        TokenLogprob(token=text, logprob=lp, bytes=_bytes(text),
+                     top_logprobs=[TopLogprob(token=t, logprob=a, bytes=_bytes(t)) for t, a in alternatives])
+        for text, lp, alternatives in entries])
+
+
+def _text_logprobs(entries: list[tuple] | None) -> CompletionLogprobs | None:
+    """The entries in the legacy completions' form (``text_offset`` counts from the choice's start)."""
+    if entries is None:
+        return None
+    out, offset = CompletionLogprobs(), 0
+    for text, lp, alternatives in entries:
+        out.tokens.append(text)
+        out.token_logprobs.append(lp)
+        out.top_logprobs.append(dict(alternatives))
+        out.text_offset.append(offset)
+        offset += len(text)
+    return out

@@ -1,0 +1,245 @@
+"""From a request to a library call, and from its state to what each choice says.
+
+The HTTP side (routes, server-sent events, errors' status codes) is in :mod:`.app`;
+here is what a request asks of the model: its prompts and their token counts (checked
+against the context before any compute), the generator for its response format and
+``n``, the call's options, and, from the final state, each row's text, finish reason,
+log-probabilities and token count.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, fields
+from typing import Any, AsyncIterator
+
+from .. import chat, generate, samplers
+from ..layout import encode
+from ..wrapper import ContinuousGenerator, continuous
+from .wire import ResponseFormat
+
+__all__ = ["RequestError", "Served", "Call", "Row", "Delta", "FINISH", "tokens_cached"]
+
+#: The library's finish reasons in OpenAI's words. ``tool_calls`` is the reason a
+#: tools generator will give (extension point).
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
+          "ban_exhausted": "content_filter", "tool_calls": "tool_calls"}
+
+#: Generators kept for reuse, by response format and ``n`` (a JSON schema compiles once).
+GENERATORS_KEPT = 64
+
+
+class RequestError(Exception):
+    """A request the server refuses: an OpenAI-shaped error with an HTTP status."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.message, self.status, self.param, self.code, self.kind = message, status, param, code, kind
+
+
+def tokens_cached(state) -> int:
+    """The prompt tokens of this call that the model's prefix cache saved."""
+    # TEMPORARY fallback until the prefix cache lands in the library: states without
+    # ``tokens_cached`` report 0. The lead removes the getattr once it is there.
+    return getattr(state, "tokens_cached", 0)
+
+
+@dataclass
+class Row:
+    """What one row (one choice) of a finished call says."""
+
+    text: str
+    finish_reason: str
+    tokens: int
+    logprobs: list[tuple] | None
+
+
+@dataclass
+class Delta:
+    """What one row adds to a stream at one step; ``finish_reason`` is set on its last delta."""
+
+    text: str = ""
+    logprobs: list[tuple] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass
+class Call:
+    """A request made ready: the generator, its prompts and the call's options."""
+
+    generator: ContinuousGenerator
+    prompts: list[str]
+    prompt_tokens: list[int]
+    n: int
+    stops: list[str]
+    options: dict[str, Any]
+
+    def astream(self):
+        """The call's async stream (its arguments are checked now)."""
+        prompt = self.prompts[0] if len(self.prompts) == 1 else self.prompts
+        return self.generator.astream(prompt, **self.options)
+
+    def rows(self, state) -> list[Row]:
+        """Each row's text (without the stop string it ended on), reason, token count and log-probabilities."""
+        counts = state.attention_mask.sum(1).tolist()
+        reasons = state.finish_reasons
+        logprobs = state.logprobs
+        out = []
+        for r, full in enumerate(state):
+            prompt = self.prompts[r // self.n]
+            text = full[len(prompt):]
+            if reasons[r] == "stop":
+                text = _without_stop(text, self.stops)
+            out.append(Row(text, FINISH.get(reasons[r], "stop"), counts[r] - self.prompt_tokens[r // self.n],
+                           logprobs[r] if logprobs is not None else None))
+        return out
+
+    async def deltas(self, stream) -> AsyncIterator[list[Delta]]:
+        """Per step, each row's new text; a stop string, and text that may begin one, are held back.
+
+        The last item gives each row the rest of its final text and its finish reason.
+        """
+        rows = len(self.prompts) * self.n
+        raw, sent, logged = [""] * rows, [0] * rows, [0] * rows
+        want_logprobs = self.options.get("logprobs") is not None
+        try:
+            # Extension point (think=): pieces of the thinking section will go to a
+            # reasoning delta of their own, beside ``text``.
+            async for pieces in stream:
+                entries = stream.state.logprobs if want_logprobs else None
+                step = []
+                for r, piece in enumerate(_flat(pieces, rows)):
+                    raw[r] += piece
+                    safe = _safe(raw[r], self.stops)
+                    delta = Delta(raw[r][sent[r]:safe], entries[r][logged[r]:] if entries else [])
+                    sent[r], logged[r] = max(sent[r], safe), logged[r] + len(delta.logprobs)
+                    step.append(delta)
+                yield step
+        finally:  # however the stream ends (a client gone too), its rows leave the model's steps
+            await stream.aclose()
+        final = self.rows(stream.state)
+        yield [Delta(row.text[sent[r]:], (row.logprobs or [])[logged[r]:], row.finish_reason)
+               for r, row in enumerate(final)]
+
+
+def _flat(pieces, rows: int) -> list[str]:
+    """A stream's piece (shaped like ``value``) as one string per row."""
+    if rows == 1:
+        return [pieces]
+    if pieces and isinstance(pieces[0], list):
+        return [p for group in pieces for p in group]
+    return list(pieces)
+
+
+def _safe(text: str, stops: list[str]) -> int:
+    """How much of ``text`` may be streamed: up to a stop string in it, or to what could begin one."""
+    found = [at for at in (text.find(s) for s in stops) if at >= 0]
+    if found:
+        return min(found)
+    for k in range(min(len(text), max(map(len, stops), default=1) - 1), 0, -1):
+        if any(s.startswith(text[-k:]) for s in stops):
+            return len(text) - k
+    return len(text)
+
+
+def _without_stop(text: str, stops: list[str]) -> str:
+    """``text`` less the stop string it ends with (the longest, which began first)."""
+    ending = [s for s in stops if text.endswith(s)]
+    return text[: len(text) - max(map(len, ending))] if ending else text
+
+
+class Served:
+    """The served model: its name, its generators, and the requests in flight.
+
+    Parameters
+    ----------
+    model
+        A continuous model (``models.transformers(...)``).
+    name
+        The model's name in requests and in ``/v1/models``.
+    max_queue
+        Most requests running or waiting at once; more are refused (429).
+    """
+
+    def __init__(self, model, name: str, max_queue: int):
+        self.model, self.name, self.max_queue = model, name, max_queue
+        self.created = int(time.time())
+        self.in_flight = 0
+        self._generators: OrderedDict[tuple, ContinuousGenerator] = OrderedDict()
+
+    def admit(self) -> None:
+        """Count one more request in flight, or refuse it when the queue is full."""
+        if self.in_flight >= self.max_queue:
+            raise RequestError(f"the server is busy: {self.in_flight} requests are running or waiting "
+                               f"(at most {self.max_queue}); retry later", status=429,
+                               code="rate_limit_exceeded", kind="rate_limit_error")
+        self.in_flight += 1
+
+    def release(self) -> None:
+        self.in_flight -= 1
+
+    def stats(self) -> dict[str, int]:
+        """The model's counters (forward passes, tokens forwarded...)."""
+        stats = self.model.stats
+        return {f.name: getattr(stats, f.name) for f in fields(stats) if not f.name.startswith("_")}
+
+    def chat_prompt(self, messages: list[dict]) -> str:
+        """The messages in the model's chat template, ending with the assistant's opening."""
+        from jinja2 import TemplateError
+
+        if getattr(self.model.tokenizer, "chat_template", None) is None:
+            raise RequestError("this model has no chat template: use /v1/completions, or start the server "
+                               "with --chat-template FILE", param="messages")
+        try:
+            return chat.prompt(self.model, messages)
+        except TemplateError as exc:  # the template's own checks (roles that must alternate...)
+            raise RequestError(f"the chat template refused the messages: {exc}", param="messages") from exc
+
+    def call(self, prompts: list[str], request, limit: int | None, logprobs: int | None, param: str) -> Call:
+        """A request's call, checked: prompts within the context, a valid format, sound options."""
+        counts = [self._count(p, limit, param) for p in prompts]
+        sampling = {"temperature": request.temperature, "top_p": request.top_p}
+        if request.temperature == 0:
+            sampling = {"temperature": 0}  # greedy, whatever top_p says
+        options = dict(max_tokens=limit, stop_at=request.stops or None, seed=request.seed, logprobs=logprobs,
+                       **{k: v for k, v in sampling.items() if v is not None})
+        return Call(self.generator(request.response_format, request.n), prompts, counts, request.n,
+                    request.stops, options)
+
+    def _count(self, prompt: str, limit: int | None, param: str) -> int:
+        """The prompt's tokens (as the call will encode it), refused when the context cannot hold the call."""
+        count = len(encode(self.model.tokenizer, prompt, special=True)[0])
+        context = self.model.max_length
+        if count >= context or (limit is not None and count + limit > context):
+            wanted = f"{count} in the prompt" + (f" and {limit} to generate" if limit is not None else "")
+            raise RequestError(f"this model's context is {context} tokens; the request needs {wanted}. "
+                               "Shorten the prompt or lower max_tokens", param=param,
+                               code="context_length_exceeded")
+        return count
+
+    def generator(self, response_format: ResponseFormat | None, n: int) -> ContinuousGenerator:
+        """The generator for a response format with ``n`` samples per prompt, built once and kept."""
+        kind = response_format.type if response_format is not None else "text"
+        schema = {"type": "object"} if kind == "json_object" else None
+        if kind == "json_schema":
+            schema = response_format.json_schema.schema_
+        key = (kind, json.dumps(schema, sort_keys=True), n)
+        if key in self._generators:
+            self._generators.move_to_end(key)
+            return self._generators[key]
+        sampler = samplers.multinomial(n)
+        if schema is None:
+            made = generate.text(self.model, sampler)
+        else:
+            try:
+                made = generate.json(self.model, schema, sampler)
+            except Exception as exc:  # built from the request's schema alone: any failure is the schema's
+                raise RequestError(f"the JSON schema cannot be used: {exc}", param="response_format",
+                                   code="invalid_json_schema") from exc
+        self._generators[key] = continuous(made)
+        if len(self._generators) > GENERATORS_KEPT:
+            self._generators.popitem(last=False)
+        return self._generators[key]

@@ -1,0 +1,288 @@
+"""The server's wire types: OpenAI's request and response bodies, as pydantic models.
+
+Requests refuse fields they do not know (a typo is an error, not a silent default) and
+check every bound here, so that the routes get only values the library accepts.
+Responses are built from these types, so their shape is checked too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "ChatRequest", "CompletionRequest", "Message", "ResponseFormat", "JsonSchemaFormat", "StreamOptions",
+    "TokenLogprob", "TopLogprob", "ChoiceLogprobs", "CompletionLogprobs", "Usage", "PromptTokensDetails",
+    "ChatMessage", "ChatChoice", "ChatCompletion", "ChatDelta", "ChatChunkChoice", "ChatCompletionChunk",
+    "CompletionChoice", "Completion", "ModelCard", "ModelList", "ErrorBody", "ErrorResponse",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+# ------------------------------------------------------------------ requests
+class TextPart(_Strict):
+    """A text part of a message's content (the only kind a text model reads)."""
+
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Strict):
+    """A chat message. ``tool_calls`` and ``tool_call_id`` are kept for the chat template."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    # Extension point (tools): the assistant's earlier calls and the tool's answers,
+    # passed to the chat template as they are.
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as chat templates read it: ``developer`` is a system message, parts are joined."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        out = {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+        out.update({k: v for k, v in (("name", self.name), ("tool_calls", self.tool_calls),
+                                      ("tool_call_id", self.tool_call_id)) if v is not None})
+        return out
+
+
+class JsonSchemaFormat(_Strict):
+    """``response_format.json_schema``: the schema the answer must match."""
+
+    name: str = Field(max_length=64)
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(_Strict):
+    """``text``, ``json_object`` (any JSON object) or ``json_schema``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is given exactly when type is 'json_schema'")
+        return self
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Request(_Strict):
+    """What chat and text completions share."""
+
+    model: str
+    n: int = Field(1, ge=1, le=128)
+    max_tokens: int | None = Field(None, ge=0)
+    stop: str | list[str] | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    # Accepted, with no effect on the output: clients send them routinely.
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    # OpenAI's penalties are not implemented: only their neutral value is accepted.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, stop):
+        stops = [stop] if isinstance(stop, str) else stop
+        if stops is not None and not all(stops):
+            raise ValueError("a stop string may not be empty")
+        return stop
+
+    @field_validator("frequency_penalty", "presence_penalty")
+    @classmethod
+    def _no_penalty(cls, value, info):
+        if value != 0:
+            raise ValueError(f"{info.field_name} is not supported (only 0)")
+        return value
+
+    @property
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+
+
+class ChatRequest(_Request):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    # Extension point (tools): refused with "not supported yet" by the route until
+    # generate.tools is wired; their shapes are OpenAI's.
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_limit(self):
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise ValueError("give max_tokens or max_completion_tokens, not both")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    @property
+    def limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_Request):
+    """``POST /v1/completions``."""
+
+    prompt: str | list[str] = Field(min_length=1)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: Literal[False] = False
+    suffix: None = None
+    best_of: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _best_of(self):
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of other than n is not supported")
+        return self
+
+    @property
+    def limit(self) -> int | None:
+        # OpenAI's legacy completions stop at 16 tokens unless told otherwise.
+        return 16 if self.max_tokens is None else self.max_tokens
+
+
+# ------------------------------------------------------------------ responses
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = []
+    token_logprobs: list[float] = []
+    top_logprobs: list[dict[str, float]] = []
+    text_offset: list[int] = []
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class ChatMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    # Extension points: tool calls (generate.tools) and the thinking text (think=).
+    tool_calls: list[dict[str, Any]] | None = None
+    reasoning_content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatMessage
+    finish_reason: str | None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # extension point (tools)
+    reasoning_content: str | None = None  # extension point (think=)
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: CompletionLogprobs | None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "continuous"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
