@@ -188,7 +188,7 @@ class ContinuousGenerator:
         """Check a call's arguments (now, not when the steps run) and return its steps."""
         model = self.generator.model
         sampler = self._sampler(sampler, temperature, top_p, top_k, min_p)
-        rows, weights, batch_size, samples_in = self._rows_of(prompt)
+        rows, weights, batch_size, samples_in = self._rows_of(self.generator.opened(prompt))
         samples = sampler.samples
         if samples_in not in (1, samples):
             raise SampleMismatch(f"the state has {samples_in} samples per prompt and the sampler makes {samples}")
@@ -208,7 +208,8 @@ class ContinuousGenerator:
             return SequenceState(model, result.rows, result.weights, batch_size, samples, texts,
                                  self.generator.parse, result.reasons, result.logprobs)
 
-        return Stream(start, state, lambda pieces: shape_rows([p or "" for p in pieces], batch_size, samples),
+        tag = self.generator.tagger()  # pieces of a thinking section say which part they are
+        return Stream(start, state, lambda pieces: shape_rows(tag([p or "" for p in pieces]), batch_size, samples),
                       sampler)
 
     def _sampler(self, sampler, temperature, top_p, top_k, min_p) -> Sampler:
