@@ -1,0 +1,124 @@
+"""generate.tools: free text and calls held to the tools' schemas, in the model's own format."""
+
+import pytest
+from pydantic import BaseModel, Field
+from support.models import build_arch
+from support.templates import QWEN25
+
+from continuous import Reply, ToolCall, chat, continuous, generate, models, samplers
+
+
+class Add(BaseModel):
+    """Add two numbers."""
+
+    a: int = Field(ge=0, le=99)
+    b: int = Field(ge=0, le=99)
+
+
+def switch(on: bool, room: int) -> str:
+    """Turn the light of a room on or off."""
+    return "done"
+
+
+TOOLS = [Add, switch]
+NAMES = {"Add", "switch"}
+
+
+def _check(reply: Reply, allowed=NAMES):
+    assert isinstance(reply, Reply)
+    for call in reply.calls:
+        assert isinstance(call, ToolCall) and call.name in allowed
+        if call.name == "Add":
+            assert isinstance(call.arguments, Add)
+        else:
+            assert set(call.arguments) == {"on", "room"} and isinstance(call.arguments["on"], bool)
+    assert "<tool_call>" not in reply.text  # free text never holds a call's marker
+
+
+def _sample(model, choice, prompt, n=4, tokens=40):
+    gen = continuous(generate.tools(model, TOOLS, tool_choice=choice))
+    return gen([prompt] * n, max_tokens=tokens, seed=0, sampler=samplers.multinomial())
+
+
+@pytest.mark.parametrize("choice", ["required", "Add", "switch"])
+def test_forced_calls_parse_and_name_a_real_tool(model, choice):
+    state = _sample(model, choice, "Call:")
+    for reply in state.value:
+        _check(reply, NAMES if choice == "required" else {choice})
+        assert reply.calls  # a call comes first
+
+
+def test_auto_text_stays_free_and_calls_parse(model):
+    gen = generate.tools(model, TOOLS)
+    free = continuous(generate.text(model))
+    kwargs = dict(max_tokens=30, seed=0, sampler=samplers.multinomial())
+    state, plain = continuous(gen)(["Hi"] * 4, **kwargs), free(["Hi"] * 4, **kwargs)
+    # Free text is the model's own: the same draws give the same text as a free generator.
+    assert list(state) == list(plain)
+    for reply, text in zip(state.value, list(plain)):
+        _check(reply)
+        assert reply.text == text[len("Hi"):].strip() and not reply.calls
+
+
+def test_none_is_free_text(model):
+    gen = generate.tools(model, TOOLS, tool_choice="none")
+    assert gen.constraint is None
+    state = continuous(gen)("Hi", max_tokens=10)
+    assert state.value == Reply(str(state)[2:].strip(), [])
+
+
+def test_bad_tools_are_refused(model):
+    with pytest.raises(ValueError, match="tool_choice"):
+        generate.tools(model, TOOLS, tool_choice="delete")
+    with pytest.raises(ValueError, match="non-empty"):
+        generate.tools(model, [])
+    with pytest.raises(TypeError, match="function or a pydantic"):
+        generate.tools(model, [42])
+    with pytest.raises(TypeError, match="continuous.models"):
+        generate.tools("some/model", TOOLS)
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    hf, tok = build_arch("qwen2", seed=0, max_position_embeddings=1024)
+    tok.chat_template = QWEN25
+    return models.transformers(hf, tok)
+
+
+def test_qwen_template_renders_tools_and_calls_continue_with_only_new_tokens(qwen):
+    gen = generate.tools(qwen, TOOLS, tool_choice="required")
+    assert gen.own_format
+    messages = [{"role": "user", "content": "Add 2 and 3."}]
+    prompt = gen.prompt(messages)
+    assert "<tools>" in prompt and '"name": "Add"' in prompt
+    call = continuous(gen)
+    state = call(prompt, max_tokens=40, seed=0, sampler=samplers.multinomial())
+    reply = state.value
+    _check(reply)
+    assert reply.calls
+    answer = str(state)[len(prompt):]
+    after = messages + [{"role": "assistant", "content": answer}, {"role": "tool", "content": "5"}]
+    text = gen.prompt(after)
+    assert text.startswith(str(state))
+    before = qwen.stats.tokens_forwarded
+    cont = continuous(generate.tools(qwen, TOOLS))(chat.sync(state, text), max_tokens=5)
+    spent = qwen.stats.tokens_forwarded - before
+    new = len(qwen.tokenizer(text)["input_ids"]) - state.token_ids.shape[1]
+    # The history is not forwarded again: the new turn's tokens, the last generated one, the answer.
+    assert spent <= new + 1 + 5
+    _check(cont.value)
+
+
+@pytest.mark.slow
+def test_smollm2_default_format_calls_parse():
+    from support.real import smollm2
+
+    model = models.transformers(str(smollm2()))
+    gen = generate.tools(model, TOOLS)
+    assert not gen.own_format
+    prompt = gen.prompt([{"role": "user", "content": "Please add 12 and 30 with the Add tool."}])
+    assert "<tool_call>" in prompt and "Add" in prompt
+    state = continuous(gen)(prompt, max_tokens=60)
+    _check(state.value)
+    forced = continuous(generate.tools(model, TOOLS, tool_choice="Add"))(prompt, max_tokens=60)
+    assert forced.value.calls and forced.value.calls[0].name == "Add"
