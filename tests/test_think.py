@@ -113,3 +113,26 @@ def test_a_continuation_without_thinking_has_no_reasoning(model):
     more = continuous(generate.format(model, int))(state + " and ", max_tokens=8)
     assert more.reasoning is None and isinstance(more.value, int)
     assert str(more).startswith(str(state))
+
+
+def test_a_state_is_opened_per_row_and_only_new_tokens_are_forwarded(model):
+    gen = continuous(generate.format(model, int, think=Think(budget=3)))
+    first = gen(["A:", "B:<think>"], max_tokens=20)
+    assert [t.count("<think>") for t in first] == [1, 1]
+    before = model.stats.tokens_forwarded
+    second = gen(first + "\nAgain:", max_tokens=20)
+    assert [t.count("<think>") for t in second] == [2, 2]
+    spent = model.stats.tokens_forwarded - before
+    new = second.token_ids.shape[1] - first.token_ids.shape[1]
+    assert spent <= 2 * (new + 1)  # each row's new tokens (and its last unforwarded one), not its history
+    assert all(isinstance(v, int) for v in second.value)
+
+
+def test_what_the_grammar_cannot_enforce_is_watched_after_the_section_only(model):
+    schema = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 3}, "uniqueItems": True,
+              "minItems": 2, "maxItems": 3}
+    made = generate.json(model, schema, whitespace="compact", think=Think(budget=4))
+    assert "uniqueItems" in made.constraint.dropped and made.constraint.watch() is not None
+    state = continuous(made)(["List:", "Numbers:"], max_tokens=60, seed=1, sampler=samplers.multinomial())
+    for value in state.value:
+        assert len(set(value)) == len(value)

@@ -10,6 +10,7 @@ from support.templates import QWEN25
 
 from continuous import Reply, ToolCall, chat, continuous, generate, models, samplers
 from continuous.engines import bits
+from continuous.generate.tools import HERMES
 
 
 class Add(BaseModel):
@@ -135,3 +136,19 @@ def test_smollm2_default_format_calls_parse():
     _check(state.value)
     forced = continuous(generate.tools(model, TOOLS, tool_choice="Add"))(prompt, max_tokens=60)
     assert forced.value.calls and forced.value.calls[0].name == "Add"
+
+
+def test_special_token_markers_are_matched_as_tokens():
+    from support.models import build_llama, build_tokenizer
+
+    tok = build_tokenizer(1000)
+    tok.add_special_tokens({"additional_special_tokens": list(HERMES)})
+    model = models.transformers(build_llama(tok, "tiny", seed=2, max_position_embeddings=512), tok)
+    made = generate.tools(model, TOOLS, tool_choice="required")
+    state = continuous(made)(["Go:", "Now:"], max_tokens=60, seed=0, sampler=samplers.multinomial())
+    opening = tok.convert_tokens_to_ids(HERMES[0])
+    for r, prompt in enumerate(["Go:", "Now:"]):
+        assert state.token_ids[r].tolist().count(opening) >= 1  # the marker is its special token
+        reply = made.parse(list(state)[r][len(prompt):])
+        _check(reply)
+        assert reply.calls

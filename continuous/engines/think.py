@@ -83,30 +83,28 @@ class ThinkMatcher:
         return not self.section.accepting()
 
     def _closing(self) -> int | None:
-        """Where in the closing marker the budget has the row (``None``: the model chooses)."""
-        budget, spent = self.c.think.budget, len(self.phases)  # every token so far was thought
-        if budget is None or spent < budget:
-            return None
+        """Which token of the closing marker the budget writes next (``None``: the model chooses)."""
         if self.closing_at is None:
-            # The marker starts on a character boundary: a token that ends inside a character
-            # (byte-level vocabularies) is followed by the model's own until one completes it.
-            if self.section._m.validate_tokens([self.c.close_ids[0]]) != 1:
-                return None
-            self.closing_at = spent
-        at = spent - self.closing_at
+            return None
+        at = len(self.phases) - self.closing_at
         return at if at < len(self.c.close_ids) else None
 
     def fill(self, bitmask: torch.Tensor) -> None:
-        if self.thinking:
-            at = self._closing()
-            if at is None:
-                self.section.fill(bitmask)  # its EOS bit is clear: the section is not complete
+        if not self.thinking:
+            if self.inner is not None:
+                self.inner.fill(bitmask)
             else:
-                bits.pack([self.c.close_ids[at]], bitmask, self.c.n_tokens)
-        elif self.inner is not None:
-            self.inner.fill(bitmask)
-        else:
-            bits.pack(None, bitmask, self.c.n_tokens)
+                bits.pack(None, bitmask, self.c.n_tokens)
+            return
+        if self._closing() is None:
+            self.section.fill(bitmask)  # its EOS bit is clear: the section is not complete
+            budget, spent = self.c.think.budget, len(self.phases)  # every token so far was thought
+            # The marker starts on a character boundary: after a token that ends inside a
+            # character (byte-level vocabularies), the model's own tokens complete it first.
+            if budget is None or spent < budget or not bits.has(bitmask, self.c.close_ids[0]):
+                return
+            self.closing_at = spent
+        bits.pack([self.c.close_ids[self._closing()]], bitmask, self.c.n_tokens)
 
     def advance(self, token_id: int) -> None:
         answer = not self.thinking
