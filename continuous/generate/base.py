@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -94,7 +95,11 @@ def make(model, sampler, constraint=None, parse=_identity, kind="text", *, ban=N
     """
     check_model(model)
     if callable(constraint) and not hasattr(constraint, "matcher"):
-        constraint = constraint(model.tokenizer)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            constraint = constraint(model.tokenizer)
+        for warning in caught:  # said where the user built the generator, two frames up
+            warnings.warn(warning.message, warning.category, stacklevel=3)
     bans = BanList(ban, case_sensitive=ban_case) if ban is not None else None
     think = thinking(think, model.tokenizer)
     if think is not None:
