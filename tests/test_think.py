@@ -136,3 +136,23 @@ def test_what_the_grammar_cannot_enforce_is_watched_after_the_section_only(model
     state = continuous(made)(["List:", "Numbers:"], max_tokens=60, seed=1, sampler=samplers.multinomial())
     for value in state.value:
         assert len(set(value)) == len(value)
+
+
+@pytest.mark.slow
+def test_smollm2_thinks_within_its_budget_then_answers_in_json():
+    from support.real import smollm2
+
+    from continuous import chat
+
+    model = models.transformers(str(smollm2()))
+    with pytest.raises(ValueError, match="Think"):
+        generate.text(model, think=True)  # SmolLM2 has no thinking markers
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+              "required": ["city"], "additionalProperties": False}
+    gen = continuous(generate.json(model, schema, think=Think(budget=24)))
+    prompt = chat.prompt(model, [{"role": "user", "content": "Which city is the capital of France? Think, then "
+                                  "answer in JSON."}])
+    state = gen(prompt, max_tokens=80)
+    assert len(model.tokenizer.encode(state.reasoning[0], add_special_tokens=False)) <= 24 + 4
+    assert set(state.value) == {"city"}
+    assert "</think>" not in json.dumps(state.value)
