@@ -20,8 +20,7 @@ __all__ = ["Think", "Piece", "thinking", "markers", "Answer", "Tagger", "opened"
 
 #: Thinking markers that models use, as (open, close); ``think=True`` looks for them.
 KNOWN_MARKERS = (("<think>", "</think>"), ("<thinking>", "</thinking>"),
-                 ("<|begin_of_thought|>", "<|end_of_thought|>"), ("<|START_THINKING|>", "<|END_THINKING|>"),
-                 ("<|channel|>analysis<|message|>", "<|end|>"))
+                 ("<|begin_of_thought|>", "<|end_of_thought|>"), ("<|START_THINKING|>", "<|END_THINKING|>"))
 
 
 @dataclass(frozen=True)

@@ -152,3 +152,24 @@ def test_special_token_markers_are_matched_as_tokens():
         reply = made.parse(list(state)[r][len(prompt):])
         _check(reply)
         assert reply.calls
+
+
+def test_tools_after_a_thinking_section(model):
+    from continuous import Think
+
+    made = generate.tools(model, TOOLS, tool_choice="required", think=Think(budget=3))
+    state = continuous(made)(["Plan:", "Act:"], max_tokens=90, seed=0, sampler=samplers.multinomial())
+    for r, prompt in enumerate(["Plan:", "Act:"]):
+        generated = list(state)[r][len(prompt + "<think>"):]
+        reply = made.parse(generated)
+        _check(reply)
+        assert reply.calls and generated.index("</think>") < generated.index("<tool_call>")
+        assert "<tool_call>" not in state.reasoning[r]
+
+
+def test_a_tool_without_docstring_has_no_description(model):
+    class Ping(BaseModel):
+        host: str
+
+    made = generate.tools(model, [Ping])
+    assert made.tools[0].description == "" and made.tools[0].parameters["additionalProperties"] is False

@@ -42,7 +42,8 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Reply:
-    """What a model answered: its ``text`` outside calls, and its ``calls`` in order."""
+    """What a model answered: its ``text`` outside calls (joined, surrounding whitespace
+    stripped), and its ``calls`` in order."""
 
     text: str
     calls: list[ToolCall]
@@ -76,7 +77,7 @@ def _tool(spec) -> _Tool:
 def _summary(obj) -> str:
     """The first paragraph of a docstring (pydantic's default one excepted)."""
     doc = inspect.getdoc(obj) or ""
-    if doc.startswith("!!! abstract") or doc == inspect.getdoc(BaseModel):
+    if doc == inspect.getdoc(BaseModel):  # a model without its own docstring inherits pydantic's
         return ""
     return doc.split("\n\n")[0].strip()
 
