@@ -184,6 +184,15 @@ class SequenceState:
         return shape_rows(parsed, self.batch_size, self.num_samples)
 
     @property
+    def reasoning(self) -> list[str | None] | None:
+        """Per row, the thinking text of the most recent call, for a generator given ``think=``
+        (else ``None``); ``value`` reads only the text after it."""
+        split = getattr(self._parse, "reasoning", None)
+        if self._values is None or split is None:
+            return None
+        return [split(text) if text is not None else None for text in self._values]
+
+    @property
     def finish_reasons(self) -> list[str | None] | None:
         """Per row, why the most recent generation call stopped it (``None`` before any call).
 

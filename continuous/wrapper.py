@@ -218,7 +218,7 @@ class ContinuousGenerator:
     def _stream(self, prompt, arguments: dict) -> Stream:
         """Check a call's arguments (now, not when the steps run) and return its steps."""
         model, generator = self.generator.model, self.generator
-        rows, weights, batch_size, samples_in = self._rows_of(prompt)
+        rows, weights, batch_size, samples_in = self._rows_of(generator.opened(prompt))
         options = Options.from_call(generator, samples_in, self.fast_forward, **arguments)
         samples = options.sampler.samples
 
@@ -239,7 +239,8 @@ class ContinuousGenerator:
                                  generator.parse, result.reasons, result.logprobs, result.costs,
                                  tokens_cached=cached)
 
-        return Stream(start, state, lambda pieces: shape_rows([p or "" for p in pieces], batch_size, samples),
+        tag = generator.tagger()  # pieces of a thinking section say which part they are
+        return Stream(start, state, lambda pieces: shape_rows(tag([p or "" for p in pieces]), batch_size, samples),
                       options.sampler, model.scheduler.executor)
 
     def _rows_of(self, prompt) -> tuple[Rows, torch.Tensor, int, int]:

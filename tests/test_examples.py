@@ -116,3 +116,12 @@ def test_chat_template_turns_forward_only_their_new_tokens_and_match_the_templat
     for (spent, held), (_, before) in zip(turns[1:], turns):
         assert spent == held - before  # each turn forwards exactly what it adds
     assert "state text == template on all messages: True" in out
+
+
+def test_agents_think_then_answer_and_call_a_tool():
+    out = run("agents.py")
+    assert re.search(r"^value      : \d+$", out, re.M)
+    assert "piece kinds: reasoning answer" in out
+    assert re.search(r"^call       : Order Order\(item='.*', count=[1-9]\)$", out, re.M)
+    spent, history = map(int, re.search(r"forwarded (\d+) tokens for a history of (\d+)", out).groups())
+    assert spent < history / 2  # the turn after the tool's result does not recompute the history

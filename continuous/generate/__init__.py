@@ -7,5 +7,6 @@ from .format import format
 from .json import json
 from .regex import regex
 from .text import text
+from .tools import tools
 
-__all__ = ["SequenceGenerator", "text", "choice", "json", "regex", "format", "cfg"]
+__all__ = ["SequenceGenerator", "text", "choice", "json", "regex", "format", "cfg", "tools"]

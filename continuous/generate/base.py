@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -9,6 +10,7 @@ from ..ban import BanList
 from ..decode.options import check_rewinds
 from ..models.base import Model
 from ..samplers import Greedy, Sampler
+from ..think import Answer, Tagger, Think, opened, thinking
 
 __all__ = ["SequenceGenerator", "make"]
 
@@ -36,6 +38,8 @@ class SequenceGenerator:
         ``"text"``, ``"choice"``, ``"json"``, ``"regex"``, ``"format"`` or ``"cfg"``.
     ban
         The :class:`~continuous.ban.BanList` of ``ban=``, or ``None``.
+    think
+        The :class:`~continuous.think.Think` section before the constraint, or ``None``.
     """
 
     model: Any
@@ -44,6 +48,7 @@ class SequenceGenerator:
     parse: Callable[[str], Any] = _identity
     kind: str = "text"
     ban: BanList | None = None
+    think: Think | None = None
 
     def __post_init__(self):
         if not isinstance(self.sampler, Sampler):
@@ -55,6 +60,14 @@ class SequenceGenerator:
         """The constraint's engine (``None`` for free text)."""
         return self.constraint.engine if self.constraint is not None else None
 
+    def opened(self, prompt):
+        """The prompt of a call, with the thinking section's opening marker where it is missing."""
+        return prompt if self.think is None else opened(prompt, self.think.open)
+
+    def tagger(self):
+        """What makes a call's streamed pieces say which part they are (identity without thinking)."""
+        return list if self.think is None else Tagger(self.think.close)
+
 
 def check_model(model) -> None:
     """Refuse, when a generator is built, what is not a model of ``continuous.models``."""
@@ -63,13 +76,34 @@ def check_model(model) -> None:
                         f"got {type(model).__name__}{' ' + repr(model) if isinstance(model, str) else ''}")
 
 
-def make(model, sampler, constraint=None, parse=_identity, kind="text", *, ban=None, ban_case=False
+def make(model, sampler, constraint=None, parse=_identity, kind="text", *, ban=None, ban_case=False, think=None
          ) -> SequenceGenerator:
-    """Build a generator from its compiled constraint, defaulting the sampler to greedy.
+    """Build a generator: check the model, compile its constraint, add the thinking section.
 
-    ``ban`` and ``ban_case`` are the phrases and patterns the output may not contain,
-    and whether phrases match case (see :mod:`continuous.ban`).
+    Parameters
+    ----------
+    constraint
+        The compiled constraint, or a function of the model's tokenizer that compiles it
+        (called once the model is known to be one), or ``None`` for free text.
+    ban, ban_case
+        The phrases and patterns the output may not contain, and whether phrases match
+        case (see :mod:`continuous.ban`).
+    think
+        ``None``, ``True``, a token budget or a :class:`~continuous.think.Think`: a thinking
+        section of free text before the constraint (see :mod:`continuous.think`).
     """
     check_model(model)
+    if callable(constraint) and not hasattr(constraint, "matcher"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            constraint = constraint(model.tokenizer)
+        for warning in caught:  # said where the user built the generator, two frames up
+            warnings.warn(warning.message, warning.category, stacklevel=3)
     bans = BanList(ban, case_sensitive=ban_case) if ban is not None else None
-    return SequenceGenerator(model, sampler if sampler is not None else Greedy(), constraint, parse, kind, bans)
+    think = thinking(think, model.tokenizer)
+    if think is not None:
+        from ..engines.think import ThinkConstraint
+
+        constraint, parse = ThinkConstraint(constraint, model.tokenizer, think), Answer(parse, think.close)
+    return SequenceGenerator(model, sampler if sampler is not None else Greedy(), constraint, parse, kind, bans,
+                             think)

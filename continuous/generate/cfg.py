@@ -3,7 +3,7 @@ from .base import SequenceGenerator, check_model, make
 from .types import grammar_of
 
 
-def cfg(model, grammar: str, sampler=None, *, ban=None, ban_case=False) -> SequenceGenerator:
+def cfg(model, grammar: str, sampler=None, *, ban=None, ban_case=False, think=None) -> SequenceGenerator:
     """Text in the language of a context-free grammar; ``value`` is the text.
 
     Parameters
@@ -14,6 +14,9 @@ def cfg(model, grammar: str, sampler=None, *, ban=None, ban_case=False) -> Seque
         ``outlines.types.CFG``.
     ban, ban_case
         Phrases and ``regex`` patterns the output may not contain (:mod:`continuous.ban`).
+    think
+        A thinking section of free text before the constraint: ``True`` (the model's own
+        markers), an int (a token budget) or a :class:`~continuous.Think` (:mod:`continuous.think`).
 
     Raises
     ------
@@ -24,4 +27,5 @@ def cfg(model, grammar: str, sampler=None, *, ban=None, ban_case=False) -> Seque
     if not isinstance(grammar, str):
         raise TypeError(f"grammar must be a str (Lark syntax) or an outlines.types.CFG, got {type(grammar).__name__}")
     check_model(model)
-    return make(model, sampler, engines.grammar(grammar, model.tokenizer), kind="cfg", ban=ban, ban_case=ban_case)
+    return make(model, sampler, engines.grammar(grammar, model.tokenizer), kind="cfg", ban=ban, ban_case=ban_case,
+                think=think)

@@ -5,7 +5,7 @@ from .base import SequenceGenerator, check_model, make
 from .types import choices_of
 
 
-def choice(model, choices, sampler=None, *, engine=None, ban=None, ban_case=False) -> SequenceGenerator:
+def choice(model, choices, sampler=None, *, engine=None, ban=None, ban_case=False, think=None) -> SequenceGenerator:
     """One of the given strings; ``value`` is the chosen string (or Enum member, or Literal value).
 
     Parameters
@@ -18,6 +18,9 @@ def choice(model, choices, sampler=None, *, engine=None, ban=None, ban_case=Fals
     ban, ban_case
         Phrases and ``regex`` patterns the output may not contain (a dict phrase ->
         factor for soft bans), and whether phrases match case (:mod:`continuous.ban`).
+    think
+        A thinking section of free text before the constraint: ``True`` (the model's own
+        markers), an int (a token budget) or a :class:`~continuous.Think` (:mod:`continuous.think`).
     """
     members = choices_of(choices)
     if members is not None:
@@ -34,4 +37,4 @@ def choice(model, choices, sampler=None, *, engine=None, ban=None, ban_case=Fals
     check_model(model)
     pattern = "(" + "|".join(re.escape(c) for c in members) + ")"
     constraint = engines.regex(pattern, model.tokenizer, engine=engine)
-    return make(model, sampler, constraint, parse, kind="choice", ban=ban, ban_case=ban_case)
+    return make(model, sampler, constraint, parse, kind="choice", ban=ban, ban_case=ban_case, think=think)

@@ -4,7 +4,7 @@ from outlines import types
 
 from .. import engines
 from ..engines.formats import DATE, TIME
-from .base import SequenceGenerator, check_model, make
+from .base import SequenceGenerator, make
 from .types import pattern_of
 
 _FORMATS = {
@@ -21,7 +21,8 @@ _OUTLINES = [(types.integer, int), (types.number, float), (types.boolean, bool),
              (types.date, dt.date), (types.time, dt.time), (types.datetime, dt.datetime)]
 
 
-def format(model, python_type, sampler=None, *, engine=None, ban=None, ban_case=False) -> SequenceGenerator:
+def format(model, python_type, sampler=None, *, engine=None, ban=None, ban_case=False,
+           think=None) -> SequenceGenerator:
     """A value of a Python type written as text; ``value`` is that value.
 
     Parameters
@@ -37,6 +38,9 @@ def format(model, python_type, sampler=None, *, engine=None, ban=None, ban_case=
     ban, ban_case
         Phrases and ``regex`` patterns the output may not contain (a dict phrase ->
         factor for soft bans), and whether phrases match case (:mod:`continuous.ban`).
+    think
+        A thinking section of free text before the constraint: ``True`` (the model's own
+        markers), an int (a token budget) or a :class:`~continuous.Think` (:mod:`continuous.think`).
     """
     # outlines' built-in terms of these types are the same formats; its other terms give text.
     python_type = next((t for term, t in _OUTLINES if python_type is term), python_type)
@@ -47,6 +51,5 @@ def format(model, python_type, sampler=None, *, engine=None, ban=None, ban_case=
     else:
         names = ", ".join(getattr(t, "__name__", str(t)) for t in _FORMATS)
         raise ValueError(f"format supports {names} and outlines.types terms; got {python_type!r}")
-    check_model(model)
-    constraint = engines.regex(pattern, model.tokenizer, engine=engine)
-    return make(model, sampler, constraint, parse, kind="format", ban=ban, ban_case=ban_case)
+    return make(model, sampler, lambda tokenizer: engines.regex(pattern, tokenizer, engine=engine), parse,
+                kind="format", ban=ban, ban_case=ban_case, think=think)

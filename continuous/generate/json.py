@@ -20,7 +20,7 @@ WHITESPACE = {
 
 
 def json(model, schema, sampler=None, whitespace_pattern=None, *, whitespace=None, extra_properties=False,
-         engine=None, ban=None, ban_case=False) -> SequenceGenerator:
+         engine=None, ban=None, ban_case=False, think=None) -> SequenceGenerator:
     """A JSON document valid against a schema.
 
     Parameters
@@ -53,6 +53,9 @@ def json(model, schema, sampler=None, whitespace_pattern=None, *, whitespace=Non
         with exact integer bounds and calendar dates).
     ban, ban_case
         What the document may not contain, as for every generator (:mod:`continuous.ban`).
+    think
+        A thinking section of free text before the constraint: ``True`` (the model's own
+        markers), an int (a token budget) or a :class:`~continuous.Think` (:mod:`continuous.think`).
 
     Raises
     ------
@@ -62,9 +65,10 @@ def json(model, schema, sampler=None, whitespace_pattern=None, *, whitespace=Non
     if getattr(schema, "whitespace_pattern", None) and whitespace is None and whitespace_pattern is None:
         whitespace_pattern = schema.whitespace_pattern  # an outlines JsonSchema's own
     doc, parse = _document(schema, extra_properties)
-    constraint = engines.json_schema(doc, model.tokenizer, engine=engine,
-                                     whitespace_pattern=_whitespace(whitespace, whitespace_pattern))
-    return make(model, sampler, constraint, parse, kind="json", ban=ban, ban_case=ban_case)
+    space = _whitespace(whitespace, whitespace_pattern)
+    return make(model, sampler, lambda tokenizer: engines.json_schema(doc, tokenizer, engine=engine,
+                                                                     whitespace_pattern=space),
+                parse, kind="json", ban=ban, ban_case=ban_case, think=think)
 
 
 def _whitespace(whitespace, pattern) -> str:

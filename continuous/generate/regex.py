@@ -1,7 +1,7 @@
 import re
 
 from .. import engines
-from .base import SequenceGenerator, check_model, make
+from .base import SequenceGenerator, make
 from .types import pattern_of
 
 _C = re._constants
@@ -22,7 +22,8 @@ def _anchors(items) -> bool:
     return False
 
 
-def regex(model, pattern: str, sampler=None, *, engine=None, ban=None, ban_case=False) -> SequenceGenerator:
+def regex(model, pattern: str, sampler=None, *, engine=None, ban=None, ban_case=False,
+          think=None) -> SequenceGenerator:
     """Text matching a regular expression; ``value`` is the matched string.
 
     Parameters
@@ -35,6 +36,9 @@ def regex(model, pattern: str, sampler=None, *, engine=None, ban=None, ban_case=
     ban, ban_case
         Phrases and ``regex`` patterns the output may not contain (a dict phrase ->
         factor for soft bans), and whether phrases match case (:mod:`continuous.ban`).
+    think
+        A thinking section of free text before the constraint: ``True`` (the model's own
+        markers), an int (a token budget) or a :class:`~continuous.Think` (:mod:`continuous.think`).
 
     Raises
     ------
@@ -53,6 +57,5 @@ def regex(model, pattern: str, sampler=None, *, engine=None, ban=None, ban_case=
     if anchored:
         raise ValueError(f"the pattern {pattern!r} has anchors (^, $, \\A, \\Z): the constraint already "
                          "matches the whole generated text, remove them")
-    check_model(model)
-    return make(model, sampler, engines.regex(pattern, model.tokenizer, engine=engine), kind="regex", ban=ban,
-                ban_case=ban_case)
+    return make(model, sampler, lambda tokenizer: engines.regex(pattern, tokenizer, engine=engine), kind="regex",
+                ban=ban, ban_case=ban_case, think=think)

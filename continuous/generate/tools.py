@@ -1,0 +1,220 @@
+"""Tool calls in the model's own format: free text, and calls held to the tools' schemas.
+
+The call's form is the chat template's own where the template renders tools in the
+Hermes / Qwen form (``<tool_call>{"name": ..., "arguments": ...}</tool_call>``). Where the
+template does not render tools, the same form is the default, and
+:meth:`ToolsGenerator.prompt` writes the tools and how to call them into the system
+prompt.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json as _json
+import re
+from dataclasses import dataclass, fields
+from typing import Any, Callable
+
+from pydantic import BaseModel
+
+from .. import chat
+from ..engines.tools import tool_calls
+from .base import SequenceGenerator, check_model, make
+from .json import _closed
+
+__all__ = ["tools", "Reply", "ToolCall", "ToolsGenerator", "HERMES"]
+
+#: The markers around a call in the Hermes / Qwen format (and the default).
+HERMES = ("<tool_call>", "</tool_call>")
+
+_DEFAULT_PROMPT = ("You can call tools. To call one, write {open}{{\"name\": <the tool's name>, \"arguments\": "
+                   "<its arguments as a JSON object>}}{close}. The tools, as JSON schemas:\n{tools}")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call: the tool's ``name`` and its ``arguments`` (the tool's pydantic model, or a
+    dict for a function)."""
+
+    name: str
+    arguments: Any
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a model answered: its ``text`` outside calls (joined, surrounding whitespace
+    stripped), and its ``calls`` in order."""
+
+    text: str
+    calls: list[ToolCall]
+
+
+@dataclass(frozen=True)
+class _Tool:
+    name: str
+    description: str
+    parameters: dict
+    parse: Callable[[dict], Any]
+
+    def spec(self) -> dict:
+        """The tool as chat templates and OpenAI's API take it."""
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": self.parameters}}
+
+
+def _tool(spec) -> _Tool:
+    """A tool from a pydantic model or a function (its signature and docstring)."""
+    if isinstance(spec, type) and issubclass(spec, BaseModel):
+        return _Tool(spec.__name__, _summary(spec), _closed(spec.model_json_schema()), spec.model_validate)
+    if inspect.isfunction(spec) or inspect.ismethod(spec):
+        from outlines.types.utils import get_schema_from_signature
+
+        schema = {k: v for k, v in get_schema_from_signature(spec).items() if k != "title"}
+        return _Tool(spec.__name__, _summary(spec), _closed(schema), dict)
+    raise TypeError(f"a tool is a function or a pydantic model class, got {spec!r}")
+
+
+def _summary(obj) -> str:
+    """The first paragraph of a docstring (pydantic's default one excepted)."""
+    doc = inspect.getdoc(obj) or ""
+    if doc == inspect.getdoc(BaseModel):  # a model without its own docstring inherits pydantic's
+        return ""
+    return doc.split("\n\n")[0].strip()
+
+
+def _call_schema(tools: list[_Tool]) -> dict:
+    """One call of any of the tools, with every tool's definitions at the root."""
+    defs: dict[str, Any] = {}
+    branches = []
+    for tool in tools:
+        parameters = dict(tool.parameters)
+        for name, definition in parameters.pop("$defs", {}).items():
+            if defs.setdefault(name, definition) != definition:
+                raise ValueError(f"two tools define different types named {name!r}: rename one")
+        branches.append({"type": "object", "properties": {"name": {"const": tool.name}, "arguments": parameters},
+                         "required": ["name", "arguments"], "additionalProperties": False})
+    schema = {"anyOf": branches}
+    return {**schema, "$defs": defs} if defs else schema
+
+
+def _renders_hermes(tokenizer) -> bool:
+    """Whether the chat template renders tools and asks for Hermes / Qwen calls."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str) or HERMES[0] not in template:
+        return False
+    probe = [{"role": "user", "content": "?"}]
+    spec = {"type": "function", "function": {"name": "probe_tool", "description": "",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    try:
+        rendered = chat.prompt(tokenizer, probe, tools=[spec])
+    except Exception:  # a template that cannot take tools=
+        return False
+    return "probe_tool" in rendered
+
+
+@dataclass(frozen=True, eq=False)
+class ToolsGenerator(SequenceGenerator):
+    """A generator of replies that may call tools; :meth:`prompt` shows the model its tools.
+
+    Attributes
+    ----------
+    tools
+        The tools, in order, each with its name, description and JSON schema.
+    own_format
+        Whether the chat template renders tools itself (else the default is written into
+        the system prompt).
+    """
+
+    tools: tuple = ()
+    own_format: bool = False
+
+    def prompt(self, messages: list[dict], **template_kwargs) -> str:
+        """The conversation's text in the chat template, with the tools the model may call.
+
+        The template renders them where it can; otherwise a system message describes them and
+        the call's form (added to the first message where that is a system message).
+        """
+        if self.own_format:
+            return chat.prompt(self.model, messages, tools=[t.spec() for t in self.tools], **template_kwargs)
+        text = _DEFAULT_PROMPT.format(open=HERMES[0], close=HERMES[1], tools="\n".join(
+            _json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters})
+            for t in self.tools))
+        messages = [dict(m) for m in messages]
+        if messages and messages[0].get("role") == "system":
+            messages[0]["content"] = f"{messages[0]['content']}\n\n{text}"
+        else:
+            messages.insert(0, {"role": "system", "content": text})
+        return chat.prompt(self.model, messages, **template_kwargs)
+
+
+class _ParseReply:
+    """A reply's text and calls, the arguments parsed into the tools' types."""
+
+    def __init__(self, tools: list[_Tool], calls: bool):
+        self.tools = {t.name: t for t in tools}
+        self.calls = calls
+        self.pattern = re.compile(re.escape(HERMES[0]) + r"\s*(.*?)\s*" + re.escape(HERMES[1]), re.S)
+
+    def __call__(self, text: str) -> Reply:
+        if not self.calls:
+            return Reply(text.strip(), [])
+        calls, parts, at = [], [], 0
+        for match in self.pattern.finditer(text):
+            parts.append(text[at:match.start()])
+            at = match.end()
+            call = _json.loads(match.group(1))
+            tool = self.tools[call["name"]]
+            calls.append(ToolCall(tool.name, tool.parse(call["arguments"])))
+        parts.append(text[at:])
+        return Reply("".join(parts).strip(), calls)
+
+
+def tools(model, tools: list, tool_choice: str = "auto", sampler=None, *, ban=None, ban_case=False,
+          think=None) -> ToolsGenerator:
+    """Replies in free text that may call tools; ``value`` is a :class:`Reply`.
+
+    Parameters
+    ----------
+    model
+        A model from ``continuous.models``.
+    tools
+        Functions (their signature gives the arguments' schema, their docstring's first
+        paragraph the description) or pydantic model classes (the arguments are an
+        instance); names must differ.
+    tool_choice
+        ``"auto"`` (text, calls, or both), ``"required"`` (the reply starts with a call),
+        ``"none"`` (text only) or a tool's name (the reply starts with a call of that
+        tool; later calls are of it too).
+    sampler, ban, ban_case, think
+        As for every generator.
+
+    Returns
+    -------
+    ToolsGenerator
+        Wrap it with :func:`continuous.continuous`; its :meth:`~ToolsGenerator.prompt`
+        renders a conversation with the tools.
+
+    Raises
+    ------
+    ValueError
+        When ``tools`` is empty, two tools share a name, or ``tool_choice`` names no tool.
+    """
+    check_model(model)
+    made = [_tool(t) for t in tools] if isinstance(tools, (list, tuple)) else None
+    if not made:
+        raise ValueError(f"tools must be a non-empty list of functions or pydantic models, got {tools!r}")
+    names = [t.name for t in made]
+    if len(set(names)) < len(names):
+        raise ValueError(f"tool names must differ, got {names}")
+    if tool_choice not in ("auto", "required", "none", *names):
+        raise ValueError(f"tool_choice must be 'auto', 'required', 'none' or a tool's name {names}, "
+                         f"got {tool_choice!r}")
+    callable_tools = [t for t in made if tool_choice in ("auto", "required", t.name)]
+    constraint = None
+    if tool_choice != "none":
+        schema = _call_schema(callable_tools)
+        constraint = lambda tokenizer: tool_calls(schema, *HERMES, tokenizer, call_first=tool_choice != "auto")  # noqa: E731
+    base = make(model, sampler, constraint, _ParseReply(made, tool_choice != "none"), kind="tools", ban=ban,
+                ban_case=ban_case, think=think)
+    values = {f.name: getattr(base, f.name) for f in fields(SequenceGenerator)}
+    return ToolsGenerator(**values, tools=tuple(made), own_format=_renders_hermes(model.tokenizer))

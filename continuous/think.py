@@ -1,0 +1,170 @@
+"""Think, then answer: a thinking section of free text before any generator's constraint.
+
+``think=`` on every generator takes ``True`` (the model's own markers), an int (a token
+budget with those markers) or a :class:`Think`. The library writes the opening marker
+after the prompt where the prompt does not end with it; the model then writes freely
+until the closing marker, after which the generator's constraint holds. When a budget
+runs out, the library writes the closing marker itself (it is forwarded with the next
+step, as fast-forward does). ``state.reasoning[row]`` is the thinking text; ``value``
+reads only the text after the closing marker.
+
+Streams of such a generator yield :class:`Piece` s: strings that say which part they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["Think", "Piece", "thinking", "markers", "Answer", "Tagger", "opened"]
+
+#: Thinking markers that models use, as (open, close); ``think=True`` looks for them.
+KNOWN_MARKERS = (("<think>", "</think>"), ("<thinking>", "</thinking>"),
+                 ("<|begin_of_thought|>", "<|end_of_thought|>"), ("<|START_THINKING|>", "<|END_THINKING|>"))
+
+
+@dataclass(frozen=True)
+class Think:
+    """A thinking section: its markers and an optional token budget.
+
+    Parameters
+    ----------
+    open, close
+        The text that opens and closes the section (special tokens or plain text).
+    budget
+        Most tokens the model may think (``None``: no limit); when they are spent the
+        library writes ``close`` and the answer follows.
+    """
+
+    open: str = "<think>"
+    close: str = "</think>"
+    budget: int | None = None
+
+    def __post_init__(self):
+        for name in ("open", "close"):
+            marker = getattr(self, name)
+            if not isinstance(marker, str) or not marker:
+                raise ValueError(f"Think's {name} marker must be a non-empty str, got {marker!r}")
+        if self.open == self.close:
+            raise ValueError(f"Think's open and close markers must differ, both are {self.open!r}")
+        if self.budget is not None and (isinstance(self.budget, bool) or not isinstance(self.budget, int)
+                                        or self.budget < 0):
+            raise ValueError(f"Think's budget must be a non-negative int or None, got {self.budget!r}")
+
+
+def markers(tokenizer) -> tuple[str, str]:
+    """The thinking markers of a tokenizer: a known pair that are tokens of its vocabulary or
+    that its chat template writes.
+
+    Raises
+    ------
+    ValueError
+        When neither names any, telling to pass ``Think(open=..., close=...)``.
+    """
+    vocab = tokenizer.get_vocab()
+    template = tokenizer.chat_template if isinstance(getattr(tokenizer, "chat_template", None), str) else ""
+    for pair in KNOWN_MARKERS:
+        if all(m in vocab for m in pair) or all(m in template for m in pair):
+            return pair
+    raise ValueError("think=True needs the model's thinking markers, and neither its tokenizer nor its chat "
+                     "template names any (such as <think> and </think>): pass "
+                     "think=continuous.Think(open=..., close=...) with the markers the model should write")
+
+
+def thinking(think, tokenizer) -> Think | None:
+    """The :class:`Think` a ``think=`` argument asks for (``None``: no thinking section)."""
+    if think is None or think is False:
+        return None
+    if isinstance(think, Think):
+        return think
+    if think is True:
+        return Think(*markers(tokenizer))
+    if isinstance(think, int):
+        return Think(*markers(tokenizer), budget=think)
+    raise TypeError(f"think must be None, True, an int (a token budget) or a continuous.Think, "
+                    f"got {type(think).__name__}")
+
+
+def opened(prompt, open: str):
+    """``prompt`` with ``open`` after every row whose text does not already end with it
+    (whitespace after it allowed). Anything but a str, a list of str or a state is left as
+    it is, for the call's own checks to refuse."""
+    def missing(text: str) -> str:
+        return "" if text.rstrip().endswith(open) else open
+
+    if isinstance(prompt, str):
+        return prompt + missing(prompt)
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return [p + missing(p) for p in prompt]
+    from .state import SequenceState
+
+    if isinstance(prompt, SequenceState):
+        extra = [missing(text) for text in prompt]
+        return prompt + extra if any(extra) else prompt
+    return prompt
+
+
+class Answer:
+    """A generator's parser, given only the text after the thinking section's closing marker."""
+
+    def __init__(self, parse: Callable[[str], Any], close: str):
+        self.parse, self.close = parse, close
+
+    def reasoning(self, text: str) -> str:
+        """The thinking text of a row's generated text (all of it while the section is open)."""
+        at = text.find(self.close)
+        return text if at < 0 else text[:at]
+
+    def __call__(self, text: str) -> Any:
+        at = text.find(self.close)
+        if at < 0:
+            raise ValueError(f"the thinking section never ended (no {self.close!r})")
+        return self.parse(text[at + len(self.close):])
+
+
+class Piece(str):
+    """A streamed piece of a generator with a thinking section.
+
+    It is the text, as any piece, and says what it holds: ``kind`` is ``"reasoning"``
+    for thinking (the closing marker included) and ``"answer"`` for a piece that holds
+    text after the closing marker. A piece in which the thinking ends holds both (the
+    closing marker is often forwarded with the answer's first tokens): ``reasoning`` and
+    ``answer`` are always its two parts, markers left out.
+    """
+
+    kind: str
+    reasoning: str
+    answer: str
+
+    def __new__(cls, text: str, kind: str, reasoning: str, answer: str):
+        piece = super().__new__(cls, text)
+        piece.kind, piece.reasoning, piece.answer = kind, reasoning, answer
+        return piece
+
+
+class Tagger:
+    """Turns each step's pieces (one per row) into :class:`Piece` s, finding each row's closing marker."""
+
+    def __init__(self, close: str):
+        self.close = close
+        self.seen: list[str] = []  # per row, the text streamed so far
+        self.ends: list[int | None] = []  # per row, where its closing marker ends (None: still thinking)
+
+    def __call__(self, pieces: list[str]) -> list[Piece]:
+        while len(self.seen) < len(pieces):
+            self.seen.append("")
+            self.ends.append(None)
+        return [self._tag(r, piece) for r, piece in enumerate(pieces)]
+
+    def _tag(self, r: int, piece: str) -> Piece:
+        start = len(self.seen[r])
+        self.seen[r] += piece
+        if self.ends[r] is None and (at := self.seen[r].find(self.close)) >= 0:
+            self.ends[r] = at + len(self.close)
+        end, text = self.ends[r], self.seen[r]
+        if end is None:
+            return Piece(piece, "reasoning", piece, "")
+        answer = text[max(start, end):]
+        # The closing marker ends the thinking: a piece that holds no answer yet is reasoning.
+        kind = "answer" if answer or start >= end else "reasoning"
+        return Piece(piece, kind, text[start:max(start, end - len(self.close))], answer)
