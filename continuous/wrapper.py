@@ -14,6 +14,7 @@ from .errors import SampleMismatch
 from .generate.base import SequenceGenerator, make
 from .generate.types import parser_of
 from .layout import Rows
+from .partial import PartialValues
 from .samplers import Greedy, Multinomial, Sampler, check_seed
 from .state import CutShort, SequenceState, shape_rows
 
@@ -145,7 +146,7 @@ class ContinuousGenerator:
         return self._stream(prompt, max_tokens, stop_at, seed, rng, heal, sampler, temperature, top_p, top_k,
                             min_p, repetition_penalty, logits_processors, logprobs).run()
 
-    def stream(self, prompt, *args, **kwargs) -> "Stream":
+    def stream(self, prompt, *args, partial: bool = False, **kwargs) -> "Stream":
         """Like ``__call__`` (same arguments), but yield the text of each new token as it is generated.
 
         Each item is shaped like ``value``: a ``str`` for one row, else lists over rows
@@ -153,13 +154,19 @@ class ContinuousGenerator:
         returned :class:`Stream`'s ``state`` is the state so far, at any time: after the
         last piece, after a ``break`` or after ``close()`` (its cache goes on from there).
 
+        With ``partial=True``, each item is instead the value parsed so far (for JSON,
+        dicts and lists that grow, strings by their prefix, pydantic types as unvalidated
+        ``model_construct`` objects; for other generators, the text so far: see
+        :mod:`continuous.partial`), and one last item is the complete ``value`` (which
+        raises, as ``value`` does, when the text is cut short).
+
         Raises
         ------
         ValueError
             With beam search: beams reorder at every step, so a piece would not say which
             text it extends; call the generator instead.
         """
-        stream = self._stream(prompt, *args, **kwargs)
+        stream = self._stream(prompt, *args, partial=partial, **kwargs)
         if stream.sampler.joint and stream.sampler.samples > 1:
             raise ValueError("beam search cannot stream: beams reorder at every step, so a piece would not "
                              "extend a fixed row; call the generator to get the final beams")
@@ -184,7 +191,7 @@ class ContinuousGenerator:
 
     def _stream(self, prompt, max_tokens=None, stop_at=None, seed=None, rng=None, heal=False, sampler=None,
                 temperature=None, top_p=None, top_k=None, min_p=None, repetition_penalty=None,
-                logits_processors=None, logprobs=None) -> "Stream":
+                logits_processors=None, logprobs=None, partial=False) -> "Stream":
         """Check a call's arguments (now, not when the steps run) and return its steps."""
         model = self.generator.model
         sampler = self._sampler(sampler, temperature, top_p, top_k, min_p)
@@ -198,18 +205,29 @@ class ContinuousGenerator:
                           processors=_processors(repetition_penalty, logits_processors),
                           logprobs=_check_count(logprobs, "logprobs"))
 
+        scorer, scores = self.generator.scorer, None
+        if scorer is not None and heal:
+            raise ValueError("choice scores are of the options after the prompt as it is: call without heal=")
+
         def start() -> Decoding:
-            return Decoding(model, rows, weights.reshape(-1), self.generator.constraint, sampler, options)
+            nonlocal scores
+            start_rows = rows
+            if scorer is not None:  # the prompt is forwarded once, for the scores and the generation
+                start_rows, scores = scorer(model, rows, options.fork)
+            return Decoding(model, start_rows, weights.reshape(-1), self.generator.constraint, sampler, options)
 
         def state(result: Generation) -> SequenceState:
             texts = result.texts
             if result.complete is not None:
                 texts = [t if t is None or whole else CutShort(t) for t, whole in zip(texts, result.complete)]
             return SequenceState(model, result.rows, result.weights, batch_size, samples, texts,
-                                 self.generator.parse, result.reasons, result.logprobs)
+                                 self.generator.parse, result.reasons, result.logprobs, scores)
 
-        return Stream(start, state, lambda pieces: shape_rows([p or "" for p in pieces], batch_size, samples),
-                      sampler)
+        def shape(items: list) -> Any:
+            return shape_rows(items, batch_size, samples)
+
+        pieces = PartialValues(self.generator, shape) if partial else lambda p: shape([t or "" for t in p])
+        return Stream(start, state, pieces, sampler, last_value=partial)
 
     def _sampler(self, sampler, temperature, top_p, top_k, min_p) -> Sampler:
         """The call's sampler: ``sampler``, the shorthand's multinomial, or the generator's."""
@@ -290,12 +308,13 @@ class Stream:
     """A generation's text pieces as they come (iterate it), and ``state``: the state so far.
 
     Iterating it ends with ``StopIteration`` whose ``value`` is the final state, as a
-    generator's return value.
+    generator's return value. With ``last_value``, the final state's ``value`` is the last item.
     """
 
     def __init__(self, start: Callable[[], Decoding], state: Callable[[Generation], SequenceState],
-                 shape: Callable[[list], Any], sampler: Sampler):
+                 shape: Callable[[list], Any], sampler: Sampler, last_value: bool = False):
         self._start, self._state, self._shape, self.sampler = start, state, shape, sampler
+        self._last_value = last_value
         self._decoding: Decoding | None = None
         self._steps = None
         self._snapshot: SequenceState | None = None
@@ -320,6 +339,8 @@ class Stream:
             pieces = next(self._steps)
         except StopIteration:
             self._final = self._state(self._started().result())
+            if self._last_value:  # the next step finds _final and ends
+                return False, self._final.value
             return True, self._final
         self._snapshot = None
         return False, self._shape(pieces)

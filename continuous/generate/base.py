@@ -35,6 +35,9 @@ class SequenceGenerator:
         ``"text"``, ``"choice"``, ``"json"``, ``"regex"``, ``"format"`` or ``"cfg"``.
     ban
         The :class:`~continuous.ban.BanList` of ``ban=``, or ``None``.
+    scorer
+        For ``choice(..., scores=...)``: the :class:`~continuous.scores.ChoiceScorer` run on
+        the prompt before generating, or ``None``.
     """
 
     model: Any
@@ -43,6 +46,7 @@ class SequenceGenerator:
     parse: Callable[[str], Any] = _identity
     kind: str = "text"
     ban: BanList | None = None
+    scorer: Any = None
 
     def __post_init__(self):
         if not isinstance(self.sampler, Sampler):
