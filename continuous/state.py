@@ -83,12 +83,13 @@ class SequenceState:
     """
 
     __slots__ = ("_rows", "_weights", "batch_size", "num_samples", "model", "_values", "_parse", "_reasons",
-                 "_logprobs", "_costs", "tokens_cached", "__weakref__")
+                 "_logprobs", "_costs", "_scores", "tokens_cached", "__weakref__")
 
     def __init__(self, model, rows: Rows, weights: torch.Tensor, batch_size: int, num_samples: int,
                  values: Sequence[str] | None = None, parse: Callable[[str], Any] | None = None,
                  reasons: Sequence[str | None] | None = None, logprobs: Sequence[list] | None = None,
-                 costs: Sequence[float] | None = None, tokens_cached: int = 0):
+                 costs: Sequence[float] | None = None, choice_scores: Sequence[dict] | None = None,
+                 tokens_cached: int = 0):
         if rows.n_rows != batch_size * num_samples:
             raise ValueError(f"{rows.n_rows} rows is not {batch_size} prompts x {num_samples} samples")
         init = object.__setattr__  # attributes are read-only once built (__setattr__ below)
@@ -102,6 +103,7 @@ class SequenceState:
         init(self, "_reasons", tuple(reasons) if reasons is not None else None)
         init(self, "_logprobs", tuple(logprobs) if logprobs is not None else None)
         init(self, "_costs", tuple(costs) if costs is not None else None)
+        init(self, "_scores", tuple(choice_scores) if choice_scores is not None else None)
         init(self, "tokens_cached", tokens_cached)
         if rows.cache is not None:
             _HOLDERS.setdefault(rows.cache.storage()[0], weakref.WeakSet()).add(self)
@@ -226,6 +228,17 @@ class SequenceState:
         return list(self._costs) if self._costs is not None else None
 
     @property
+    def choice_scores(self) -> list[dict] | None:
+        """Per row, each option's log-probability under the model after the prompt, when the
+        most recent call was a ``generate.choice(..., scores=...)`` (else ``None``).
+
+        A dict keyed like ``value`` (the option's string, or its Enum member or Literal
+        value); the sum of the option's tokens' log-softmax, or their mean with
+        ``scores="mean"``. Raw model probabilities: no sampler setting or constraint applies.
+        """
+        return [dict(r) for r in self._scores] if self._scores is not None else None
+
+    @property
     def cache_bytes(self) -> CacheBytes:
         """The KV cache memory this state keeps in this process, in bytes.
 
@@ -276,7 +289,7 @@ class SequenceState:
         return self._replace(self._rows.drop_cache())
 
     def _replace(self, rows: Rows, weights=None, batch_size=None, num_samples=None, values=..., reasons=...,
-                 logprobs=..., costs=...):
+                 logprobs=..., costs=..., choice_scores=...):
         return SequenceState(
             self.model, rows, self._weights if weights is None else weights,
             self.batch_size if batch_size is None else batch_size,
@@ -285,6 +298,7 @@ class SequenceState:
             self._reasons if reasons is ... else reasons,
             self._logprobs if logprobs is ... else logprobs,
             self._costs if costs is ... else costs,
+            self._scores if choice_scores is ... else choice_scores,
         )
 
     # ------------------------------------------------------------------ indexing
@@ -303,6 +317,7 @@ class SequenceState:
                 None if self._reasons is None else [self._reasons[r] for r in rows],
                 None if self._logprobs is None else [self._logprobs[r] for r in rows],
                 None if self._costs is None else [self._costs[r] for r in rows],
+                None if self._scores is None else [self._scores[r] for r in rows],
             )
         if isinstance(char_key, slice):
             try:

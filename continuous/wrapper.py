@@ -15,6 +15,7 @@ from .decode import Decoding, Generation, Options
 from .generate.base import SequenceGenerator, make
 from .generate.types import json_or_text, parser_of
 from .layout import Rows
+from .partial import PartialValues
 from .samplers import Sampler
 from .state import CutShort, SequenceState, shape_rows
 
@@ -131,10 +132,16 @@ _ARGUMENTS = """
         """
 
 
-def _call_arguments(method):
+
+def _call_arguments(method=None, **extra):
     """Give ``method(self, prompt, arguments)`` the visible signature and documentation of a
-    call's arguments; it receives those given, by name."""
+    call's arguments, and of the keyword-only ``extra`` ones (name -> default); it receives
+    those given, by name."""
+    if method is None:
+        return functools.partial(_call_arguments, **extra)
     signature = inspect.signature(_signature)
+    signature = signature.replace(parameters=list(signature.parameters.values()) + [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default) for name, default in extra.items()])
 
     def arguments(self, prompt, args, kwargs) -> dict:
         given = signature.bind(self, prompt, *args, **kwargs).arguments
@@ -181,7 +188,7 @@ class ContinuousGenerator:
         holds this call's typed results."""
         return self._stream(prompt, arguments).run()
 
-    @_call_arguments
+    @_call_arguments(partial=False)
     def stream(self, prompt, arguments: dict) -> Stream:
         """Like ``__call__`` (same arguments), but yield the text of each new token as it is generated.
 
@@ -189,9 +196,15 @@ class ContinuousGenerator:
         (``""`` for a row that produced no text this step, e.g. a finished row). The
         returned :class:`Stream`'s ``state`` is the state so far, at any time: after the
         last piece, after a ``break`` or after ``close()`` (its cache goes on from there).
+        With ``partial=True``, each item is instead the value parsed so far (for JSON,
+        dicts and lists that grow, strings by their prefix, pydantic types as unvalidated
+        ``model_construct`` objects; for other generators, the text so far: see
+        :mod:`continuous.partial`), and one last item is the complete ``value`` (which
+        raises, as ``value`` does, when the text is cut short).
         With beam search it raises ``ValueError``: beams reorder at every step, so a piece
         would not say which text it extends; call the generator instead."""
-        stream = self._stream(prompt, arguments)
+        partial = arguments.pop("partial")
+        stream = self._stream(prompt, arguments, partial)
         if stream.sampler.joint and stream.sampler.samples > 1:
             raise ValueError("beam search cannot stream: beams reorder at every step, so a piece would not "
                              "extend a fixed row; call the generator to get the final beams")
@@ -209,25 +222,28 @@ class ContinuousGenerator:
             if done:
                 return item
 
-    @_call_arguments
-    def astream(self, prompt, arguments: dict) -> AsyncStream:
+    @_call_arguments(partial=False)
+        def astream(self, prompt, arguments: dict) -> AsyncStream:
         """``stream`` for asyncio: ``async for piece in gen.astream(...)``, each step in a worker
         thread; its ``state`` is the state so far, as for :meth:`stream`."""
         return AsyncStream(self.stream(prompt, **arguments))
 
-    def _stream(self, prompt, arguments: dict) -> Stream:
+    def _stream(self, prompt, arguments: dict, partial: bool = False) -> Stream:
         """Check a call's arguments (now, not when the steps run) and return its steps."""
         model, generator = self.generator.model, self.generator
         rows, weights, batch_size, samples_in = self._rows_of(generator.opened(prompt))
         options = Options.from_call(generator, samples_in, self.fast_forward, **arguments)
         samples = options.sampler.samples
 
-        cached = 0
+        cached, scorer, scores = 0, generator.scorer, None
 
         def start() -> Decoding:
-            nonlocal rows, cached
+            nonlocal rows, cached, scores
             rows, cached = self._reused(rows)
-            return Decoding(model, rows, weights.reshape(-1), generator.constraint, options)
+            start_rows = rows
+            if scorer is not None:  # the prompt is forwarded once, for the scores and the generation
+                start_rows, scores = scorer(model, rows, options.fork)
+            return Decoding(model, start_rows, weights.reshape(-1), generator.constraint, options)
 
         def state(result: Generation, final: bool = False) -> SequenceState:
             texts = result.texts
@@ -236,12 +252,16 @@ class ContinuousGenerator:
             if final and model.prefix_cache is not None:
                 model.prefix_cache.insert(result.rows)
             return SequenceState(model, result.rows, result.weights, batch_size, samples, texts,
-                                 generator.parse, result.reasons, result.logprobs, result.costs,
+                                 generator.parse, result.reasons, result.logprobs, result.costs, scores,
                                  tokens_cached=cached)
 
         tag = generator.tagger()  # pieces of a thinking section say which part they are
-        return Stream(start, state, lambda pieces: shape_rows(tag([p or "" for p in pieces]), batch_size, samples),
-                      options.sampler, model.scheduler.executor)
+
+        def shape(items: list) -> Any:
+            return shape_rows(items, batch_size, samples)
+
+        pieces = PartialValues(generator, shape) if partial else lambda p: shape(tag([t or "" for t in p]))
+        return Stream(start, state, pieces, options.sampler, model.scheduler.executor, last_value=partial)
 
     def _rows_of(self, prompt) -> tuple[Rows, torch.Tensor, int, int]:
         model = self.generator.model
@@ -275,13 +295,13 @@ class Stream:
     """A generation's text pieces as they come (iterate it), and ``state``: the state so far.
 
     Iterating it ends with ``StopIteration`` whose ``value`` is the final state, as a
-    generator's return value.
+    generator's return value. With ``last_value``, the final state's ``value`` is the last item.
     """
 
     def __init__(self, start: Callable[[], Decoding], state: Callable[[Generation], SequenceState],
-                 shape: Callable[[list], Any], sampler: Sampler, executor=None):
+                 shape: Callable[[list], Any], sampler: Sampler, executor=None, last_value: bool = False):
         self._start, self._state, self._shape, self.sampler = start, state, shape, sampler
-        self.executor = executor
+        self.executor, self._last_value = executor, last_value
         self._decoding: Decoding | None = None
         self._steps = None
         self._snapshot: SequenceState | None = None
@@ -306,6 +326,8 @@ class Stream:
             pieces = next(self._steps)
         except StopIteration:
             self._final = self._state(self._started().result(), True)
+            if self._last_value:  # the next step finds _final and ends
+                return False, self._final.value
             return True, self._final
         self._snapshot = None
         return False, self._shape(pieces)

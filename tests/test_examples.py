@@ -6,6 +6,7 @@ do not disturb each other, beams come best first.
 """
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -18,9 +19,11 @@ pytestmark = pytest.mark.slow  # make test-fast leaves it out
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def run(name: str) -> str:
-    done = subprocess.run([sys.executable, str(EXAMPLES / name), "--quick"], capture_output=True, text=True,
-                          timeout=180, cwd=EXAMPLES.parent)
+def run(name: str, *args: str) -> str:
+    # The package of this checkout, not whichever one the environment has installed.
+    path = os.pathsep.join(filter(None, [str(EXAMPLES.parent), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, str(EXAMPLES / name), "--quick", *args], capture_output=True, text=True,
+                          timeout=180, cwd=EXAMPLES.parent, env={**os.environ, "PYTHONPATH": path})
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -125,3 +128,33 @@ def test_agents_think_then_answer_and_call_a_tool():
     assert re.search(r"^call       : Order Order\(item='.*', count=[1-9]\)$", out, re.M)
     spent, history = map(int, re.search(r"forwarded (\d+) tokens for a history of (\d+)", out).groups())
     assert spent < history / 2  # the turn after the tool's result does not recompute the history
+
+
+@pytest.mark.real
+def test_intents_scores_every_label_and_calibration_helps():
+    from support.real import smollm2
+
+    out = run("intents.py", "--model", str(smollm2()))
+    prior = dict((label, float(p)) for label, p in re.findall(r"([a-z ]+?) (\d\.\d\d)(?:,|$)",
+                                                               out.splitlines()[0].split(": ", 1)[1]))
+    assert len(prior) == 10 and abs(sum(prior.values()) - 1) < 0.02
+    rows = re.findall(r"generated: ([a-z ]+); raw: ([a-z ]+) ([\d.]+); calibrated: ([a-z ]+) ([\d.]+)", out)
+    assert len(rows) == 10
+    raw, calibrated = map(int, re.search(r"accuracy: raw (\d+)/10, calibrated (\d+)/10", out).groups())
+    # The model puts most of its mass on one label whatever the message; dividing out that
+    # prior lets the message decide.
+    assert calibrated > raw
+    assert "13 prompts x 10 labels scored" in out
+    assert int(re.search(r"(\d+) forward calls in all", out).group(1)) <= 3
+
+
+def test_streaming_values_fill_in_field_by_field():
+    out = run("streaming_values.py")
+    fields = [eval(f) for f in re.findall(r"fields so far: (\[.*\])$", out, re.M)]  # list literals
+    assert fields[0] == [] and fields[-1] == ["age", "city", "name", "pet"]
+    assert all(set(a) <= set(b) for a, b in zip(fields, fields[1:]))
+    assert len({len(f) for f in fields}) == 5  # each field appears on its own step
+    record = json.loads(re.search(r"complete: Person (\{.*\}); the state's value: True$", out, re.M).group(1))
+    assert set(record) == {"name", "age", "city", "pet"}
+    text = json.loads(eval(re.search(r"^text: (.*)$", out, re.M).group(1)))
+    assert text == record

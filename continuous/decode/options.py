@@ -97,6 +97,8 @@ class Options:
             raise SampleMismatch(f"the state has {samples_in} samples per prompt and the sampler makes "
                                  f"{chosen.samples}")
         check_rewinds(chosen, generator.ban, generator.constraint)
+        if generator.scorer is not None and heal:
+            raise ValueError("choice scores are of the options after the prompt as it is: call without heal=")
         return cls(chosen, _check_count(max_tokens, "max_tokens"), _check_stop_at(stop_at), _check_rng(seed, rng),
                    fast_forward, generator.ban, bool(heal), chosen.samples if samples_in == 1 else 1,
                    _processors(repetition_penalty, logits_processors), _check_count(logprobs, "logprobs"))

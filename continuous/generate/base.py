@@ -40,6 +40,9 @@ class SequenceGenerator:
         The :class:`~continuous.ban.BanList` of ``ban=``, or ``None``.
     think
         The :class:`~continuous.think.Think` section before the constraint, or ``None``.
+    scorer
+        For ``choice(..., scores=...)``: the :class:`~continuous.scores.ChoiceScorer` run on
+        the prompt before generating, or ``None``.
     """
 
     model: Any
@@ -49,6 +52,7 @@ class SequenceGenerator:
     kind: str = "text"
     ban: BanList | None = None
     think: Think | None = None
+    scorer: Any = None
 
     def __post_init__(self):
         if not isinstance(self.sampler, Sampler):
