@@ -223,7 +223,7 @@ class ContinuousGenerator:
                 return item
 
     @_call_arguments(partial=False)
-        def astream(self, prompt, arguments: dict) -> AsyncStream:
+    def astream(self, prompt, arguments: dict) -> AsyncStream:
         """``stream`` for asyncio: ``async for piece in gen.astream(...)``, each step in a worker
         thread; its ``state`` is the state so far, as for :meth:`stream`."""
         return AsyncStream(self.stream(prompt, **arguments))
