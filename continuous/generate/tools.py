@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from .. import chat
 from ..engines.tools import tool_calls
 from .base import SequenceGenerator, check_model, make
-from .json import _closed
+from ..engines.schema import closed
 
 __all__ = ["tools", "Reply", "ToolCall", "ToolsGenerator", "HERMES"]
 
@@ -65,12 +65,12 @@ class _Tool:
 def _tool(spec) -> _Tool:
     """A tool from a pydantic model or a function (its signature and docstring)."""
     if isinstance(spec, type) and issubclass(spec, BaseModel):
-        return _Tool(spec.__name__, _summary(spec), _closed(spec.model_json_schema()), spec.model_validate)
+        return _Tool(spec.__name__, _summary(spec), closed(spec.model_json_schema()), spec.model_validate)
     if inspect.isfunction(spec) or inspect.ismethod(spec):
         from outlines.types.utils import get_schema_from_signature
 
         schema = {k: v for k, v in get_schema_from_signature(spec).items() if k != "title"}
-        return _Tool(spec.__name__, _summary(spec), _closed(schema), dict)
+        return _Tool(spec.__name__, _summary(spec), closed(schema), dict)
     raise TypeError(f"a tool is a function or a pydantic model class, got {spec!r}")
 
 
