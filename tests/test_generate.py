@@ -275,6 +275,8 @@ def test_bad_generator_arguments_fail_when_built(model):
         generate.text("path/to/model")
     with pytest.raises(TypeError, match="continuous.models"):
         generate.choice("gpt2", ["a", "b"])
+    with pytest.raises(TypeError, match="continuous.models"):
+        generate.json("some/model", {"type": "integer"})
     with pytest.raises(TypeError, match="list"):
         generate.choice(model, (c for c in ["a", "b"]))
     with pytest.raises(TypeError, match="list"):

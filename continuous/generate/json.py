@@ -6,7 +6,7 @@ import interegular
 from .. import engines
 from ..engines.relax import normalize
 from ..engines.schema import closed, document, place, validator
-from .base import SequenceGenerator, make
+from .base import SequenceGenerator, check_model, make
 from .types import schema_of
 
 #: The layouts ``whitespace=`` names, as the regex of what may come between two JSON tokens.
@@ -62,6 +62,7 @@ def json(model, schema, sampler=None, whitespace_pattern=None, *, whitespace=Non
     ValueError
         When the schema is invalid or unsupported, with the reason.
     """
+    check_model(model)  # before model.tokenizer is read
     if getattr(schema, "whitespace_pattern", None) and whitespace is None and whitespace_pattern is None:
         whitespace_pattern = schema.whitespace_pattern  # an outlines JsonSchema's own
     doc, parse = _document(schema, extra_properties)
