@@ -203,7 +203,7 @@ class ContinuousGenerator:
         raises, as ``value`` does, when the text is cut short).
         With beam search it raises ``ValueError``: beams reorder at every step, so a piece
         would not say which text it extends; call the generator instead."""
-        partial = arguments.pop("partial")
+        partial = arguments.pop("partial", False)
         stream = self._stream(prompt, arguments, partial)
         if stream.sampler.joint and stream.sampler.samples > 1:
             raise ValueError("beam search cannot stream: beams reorder at every step, so a piece would not "

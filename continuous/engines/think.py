@@ -15,7 +15,7 @@ import json
 
 import torch
 
-from . import bits
+from . import Match, bits
 from .llguidance import lark
 
 __all__ = ["ThinkConstraint", "ThinkMatcher", "ThinkWatch"]
@@ -151,18 +151,17 @@ class ThinkMatcher:
 class ThinkWatch:
     """A constraint's watch that sees only the text after the closing marker.
 
-    It has the watch protocol (``feed``, ``finish``, ``held``, ``rewind``, ``copy``,
-    ``broken``); matches it reports are placed in the whole text.
+    A :class:`~continuous.engines.Watch`; the matches it reports are placed in the whole text.
     """
 
     def __init__(self, make_inner, close: str):
         self.make_inner, self.close = make_inner, close
         self.text, self.offset, self.inner = "", None, None
 
-    def _shifted(self, matches) -> list[tuple]:
-        return [(m[0] + self.offset,) + tuple(m[1:]) for m in matches]
+    def _shifted(self, matches) -> list[Match]:
+        return [m.shifted(self.offset) for m in matches]
 
-    def feed(self, piece: str) -> list[tuple]:
+    def feed(self, piece: str) -> list[Match]:
         self.text += piece
         if self.inner is None:
             at = self.text.find(self.close)
@@ -172,7 +171,7 @@ class ThinkWatch:
             piece = self.text[self.offset:]
         return self._shifted(self.inner.feed(piece)) if piece else []
 
-    def finish(self) -> list[tuple]:
+    def finish(self) -> list[Match]:
         return self._shifted(self.inner.finish()) if self.inner is not None else []
 
     def held(self) -> int:
