@@ -7,7 +7,6 @@ The arguments are read before torch, transformers and FastAPI are imported, so t
 from __future__ import annotations
 
 import argparse
-import sys
 
 #: The dtypes a model may be loaded in (``auto``: the checkpoint's own).
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -46,19 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def load(args: argparse.Namespace):
     """The model the arguments name, with their chat template and prefix cache."""
-    import inspect
-
     from continuous import models
 
-    options = {"device": args.device, "dtype": args.dtype}
-    if args.prefix_cache is not None:
-        # TEMPORARY until the prefix cache lands in the library: a library without the
-        # prefix_cache option serves without it. The lead removes this check.
-        if "prefix_cache" in inspect.signature(models.transformers).parameters:
-            options["prefix_cache"] = args.prefix_cache
-        else:
-            print("continuous.serve: this version of the library has no prefix cache; serving without it",
-                  file=sys.stderr)
+    options = {"device": args.device, "dtype": args.dtype, "prefix_cache": args.prefix_cache}
     model = models.transformers(args.model, **{k: v for k, v in options.items() if v is not None})
     if args.chat_template is not None:
         with open(args.chat_template, encoding="utf-8") as f:

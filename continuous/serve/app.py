@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from .calls import Call, Delta, RequestError, Served, tokens_cached
+from .calls import Call, Delta, RequestError, Served
 from .wire import (
     ChatChoice,
     ChatChunkChoice,
@@ -234,7 +234,7 @@ class _Shape:
         prompt = sum(call.prompt_tokens)
         completion = sum(row.tokens for row in rows)
         return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                     prompt_tokens_details=PromptTokensDetails(cached_tokens=tokens_cached(state)))
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=state.tokens_cached))
 
     async def events(self, call: Call, stream) -> AsyncIterator[str]:
         """The answer as server-sent events, ending with ``[DONE]`` (an error event if the call fails)."""

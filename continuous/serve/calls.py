@@ -20,7 +20,7 @@ from ..layout import encode
 from ..wrapper import ContinuousGenerator, continuous
 from .wire import ResponseFormat
 
-__all__ = ["RequestError", "Served", "Call", "Row", "Delta", "FINISH", "tokens_cached"]
+__all__ = ["RequestError", "Served", "Call", "Row", "Delta", "FINISH"]
 
 #: The library's finish reasons in OpenAI's words. ``tool_calls`` is the reason a
 #: tools generator will give (extension point).
@@ -38,13 +38,6 @@ class RequestError(Exception):
                  kind: str = "invalid_request_error"):
         super().__init__(message)
         self.message, self.status, self.param, self.code, self.kind = message, status, param, code, kind
-
-
-def tokens_cached(state) -> int:
-    """The prompt tokens of this call that the model's prefix cache saved."""
-    # TEMPORARY fallback until the prefix cache lands in the library: states without
-    # ``tokens_cached`` report 0. The lead removes the getattr once it is there.
-    return getattr(state, "tokens_cached", 0)
 
 
 @dataclass

@@ -49,6 +49,24 @@ def test_chat_answers_as_the_library_does_on_the_chat_template(server, local):
     assert answer.usage.prompt_tokens_details.cached_tokens >= 0
 
 
+def test_a_chat_re_sending_its_history_is_served_from_the_prefix_cache(server):
+    client = server.client()
+    messages = [{"role": "system", "content": "You answer about pets, briefly."},
+                {"role": "user", "content": "Tell me about Zoë's parrot."}]
+    before, last, cached = server.health()["stats"]["tokens_cached"], None, 0
+    for turn in range(3):
+        answer = client.chat.completions.create(model=NAME, messages=messages, max_tokens=8, temperature=0)
+        usage = answer.usage
+        saved = usage.prompt_tokens_details.cached_tokens
+        assert saved < usage.prompt_tokens  # at least the new message is forwarded
+        if last is not None:  # the last turn's prompt, re-sent, is not forwarded again
+            assert saved >= last.prompt_tokens
+        messages += [{"role": "assistant", "content": answer.choices[0].message.content},
+                     {"role": "user", "content": f"And after {turn}?"}]
+        last, cached = usage, cached + saved
+    assert server.health()["stats"]["tokens_cached"] - before == cached
+
+
 def test_completions_batch_with_n_and_a_seed_equal_the_library_call(server, local):
     prompts = ["Order #12", "User: Tell me about Bob."]
     answer = server.client().completions.create(model=NAME, prompt=prompts, n=3, max_tokens=8, seed=7)
