@@ -36,17 +36,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default=None, help="torch device (default: the library's choice)")
     parser.add_argument("--chat-template", default=None, metavar="FILE",
                         help="a Jinja chat template, for a tokenizer that has none or to replace its own")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch's CPU threads (default: torch's choice, one per core)")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     args = parser.parse_args(argv)
     if args.max_queue < 1:
         parser.error("--max-queue must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be at least 1")
     return args
 
 
 def load(args: argparse.Namespace):
     """The model the arguments name, with their chat template and prefix cache."""
+    import torch
+
     from continuous import models
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     options = {"device": args.device, "dtype": args.dtype, "prefix_cache": args.prefix_cache}
     model = models.transformers(args.model, **{k: v for k, v in options.items() if v is not None})
     if args.chat_template is not None:

@@ -25,7 +25,8 @@ def test_the_prefix_cache_is_on_by_default_and_can_be_turned_off():
     assert parse_args(["m", "--prefix-cache", "off"]).prefix_cache is None
 
 
-@pytest.mark.parametrize("argv", [[], ["m", "--max-queue", "0"], ["m", "--dtype", "float8"], ["m", "--port", "x"]])
+@pytest.mark.parametrize("argv", [[], ["m", "--max-queue", "0"], ["m", "--dtype", "float8"], ["m", "--port", "x"],
+                                  ["m", "--threads", "0"]])
 def test_mistakes_get_a_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as exited:
         parse_args(argv)
