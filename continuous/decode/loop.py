@@ -63,12 +63,12 @@ class Decoding:
         rows, weights, removed = _prepare(model, rows, weights, options)
         n, device = rows.n_rows, rows.logits.device
         constraints = RowConstraints.of_call(constraint, model, rows, removed, device)
-        watch = constraints.watch
         state = [RowState.of(self.tokenizer, rows.real_ids(r), rows.texts[r], rows.ends[r],
-                             self._watches(watch, rows.texts[r] + removed[r]), removed[r]) for r in range(n)]
+                             self._watches(constraints, rows.texts[r] + removed[r]), removed[r]) for r in range(n)]
         self.batch = Batch(rows.logits, rows.logits, weights.to(device=device, dtype=torch.float32),
-                           torch.zeros(n, 16, device=device), torch.zeros(n, device=device), rows.cache, Grid(rows, device), constraints,
-                           RowDraws(n, options.rng) if self.sampler.random else None, state, [True] * n)
+                           torch.zeros(n, 16, device=device), torch.zeros(n, device=device), rows.cache,
+                           Grid(rows, device), constraints, RowDraws(n, options.rng) if self.sampler.random else None,
+                           state, [True] * n)
         self.pad = rows.pad
         # Each row's room is its own: the cache grows past the longest row's context.
         rooms = (model.max_length - rows.attention_mask.sum(1)).tolist()
@@ -91,11 +91,11 @@ class Decoding:
         # ends; parked until its consumer asks for the first piece.
         self.turn = model.scheduler.join(parked=True)
 
-    def _watches(self, watch, before: str) -> list:
+    def _watches(self, constraints: RowConstraints, before: str) -> list:
         """What watches a row's text for matches to rewind on: the bans, and what the constraint
         could not enforce in its grammar."""
         bans = [self.options.bans.matcher(before)] if self.options.bans is not None else []
-        return bans + [w for w in [watch()] if w is not None]
+        return bans + [w for w in [constraints.watch()] if w is not None]
 
     def __iter__(self) -> Iterator[list[str | None]]:
         self.turn.resume()

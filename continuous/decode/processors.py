@@ -163,7 +163,8 @@ class ForkRanking:
 def pipeline(options, constraints: RowConstraints, pad: int, eos: int | None, ends: set[int]) -> list[Processor]:
     """A call's processors, in order: the user's, the constraint, forced tokens, bans,
     finished rows (which "emit" ``eos``, or another end id, at no cost), beam ranking."""
-    processors = [Constrained(constraints), Forced(), Banned(), Finished(eos if eos is not None else min(ends, default=0))]
+    sentinel = eos if eos is not None else min(ends, default=0)
+    processors = [Constrained(constraints), Forced(), Banned(), Finished(sentinel)]
     if options.processors:
         processors.insert(0, External(options.processors, pad))
     if options.sampler.joint and options.fork > 1:

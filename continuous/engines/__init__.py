@@ -22,8 +22,8 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["Constraint", "Matcher", "Watch", "Match", "ENGINES", "DEFAULT_ENGINE", "EngineFallbackWarning", "check_engine",
-           "json_schema", "regex", "grammar"]
+__all__ = ["Constraint", "Matcher", "Watch", "Match", "ENGINES", "DEFAULT_ENGINE", "EngineFallbackWarning",
+           "check_engine", "json_schema", "regex", "grammar"]
 
 #: The engine names ``engine=`` accepts.
 ENGINES = ("llguidance", "outlines_core")

@@ -1,0 +1,28 @@
+"""One holder of a call's per-row arrays: a beam reorder moves every one of them."""
+
+from dataclasses import fields
+
+import torch
+
+from continuous.decode import Decoding, Options
+from continuous.engines import regex
+from continuous.layout import Rows
+from continuous.samplers import multinomial
+
+
+def test_select_moves_every_per_row_field_together(model):
+    rows = Rows.from_texts(model.tokenizer, ["a", "b c d"])
+    constraint = regex("[0-9]+", model.tokenizer)
+    batch = Decoding(model, rows, torch.tensor([-1.0, -2.0]), constraint,
+                     Options(sampler=multinomial(), max_tokens=3)).batch
+    batch.gained[:, 0] = torch.tensor([0.5, 0.25])
+    before = {f.name: getattr(batch, f.name) for f in fields(batch)}
+    batch.select([1, 1, 0], torch.tensor([1, 1, 0]))
+    for name, value in before.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(getattr(batch, name), value[[1, 1, 0]]), name
+    assert [row.written.context for row in batch.rows] == [before["rows"][i].written.context for i in (1, 1, 0)]
+    assert batch.rows[0] is not batch.rows[1] and batch.rows[0].history is not batch.rows[1].history
+    assert batch.grid.token_ids.shape[0] == len(batch.draws.streams) == len(batch.constraints.matchers) == 3
+    assert batch.constraints.matchers[0] is not batch.constraints.matchers[1]
+    assert batch.cache.rows == 3 and batch.logits_ok == [True] * 3
