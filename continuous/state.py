@@ -406,6 +406,8 @@ class SequenceState:
     def __radd__(self, other) -> "SequenceState":
         if not isinstance(other, str):
             return NotImplemented
+        if not other:  # nothing goes before the text: no position changes, so the cache stays
+            return self
         warnings.warn("text put before a state changes every position: the KV cache is dropped",
                       CacheResetWarning, stacklevel=2)
         texts = [other + t for t in self._rows.texts]

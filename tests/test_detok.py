@@ -118,6 +118,15 @@ def _pieces(tok, context, ids, calls):
     return text
 
 
+def _after(tok, context: str, text: str) -> tuple[list[int], list[int]]:
+    """The ids of ``context``, and those of ``text`` as the tokenizer gives them after it
+    (encoded alone, it would start with SentencePiece's "▁" for the start of a text)."""
+    before = tok.encode(context, add_special_tokens=False)
+    ids = tok.encode(context + text, add_special_tokens=False)
+    assert ids[:len(before)] == before
+    return before, ids[len(before):]
+
+
 def _byte_heavy_ids(tok, data):
     """Ids that include the vocabulary's byte tokens and pieces of multi-byte characters."""
     text = data.draw(st.text(alphabet=st.sampled_from(list("aé你好🙂🚀日本 \n")), max_size=12))
@@ -151,8 +160,7 @@ def test_one_token_per_call_never_repeats_the_context(tok, data):
 @pytest.mark.parametrize("name", NAMES)
 def test_cjk_and_emoji_one_token_at_a_time(name):
     tok = real_tokenizer(name)
-    context = tok.encode("Q:", add_special_tokens=False)
-    ids = tok.encode(" 你好🙂 world 日本", add_special_tokens=False)
+    context, ids = _after(tok, "Q:", " 你好🙂 world 日本")
     detok = Detokenizer(tok, context)
     pieces = [detok.step(i) for i in ids]
     # Every piece is whole characters: no replacement character is ever given out.
@@ -162,8 +170,8 @@ def test_cjk_and_emoji_one_token_at_a_time(name):
 
 def test_copy_is_independent():
     tok = real_tokenizer("llama-spm")
-    ids = tok.encode(" 🙂🚀", add_special_tokens=False)
-    detok = Detokenizer(tok, tok.encode("x", add_special_tokens=False))
+    context, ids = _after(tok, "x", " 🙂🚀")
+    detok = Detokenizer(tok, context)
     first = [detok.step(i) for i in ids[:3]]
     twin = detok.copy()
     rest = [detok.step(i) for i in ids[3:]]

@@ -167,6 +167,23 @@ def test_text_before_a_state_resets_the_cache(greedy):
     assert torch.equal(new.weights, state.weights)
 
 
+def test_adding_empty_text_gives_the_state_as_it_is(model, greedy):
+    state = greedy(PROMPTS[:2], max_tokens=4)  # generated tokens: not all as the tokenizer splits the text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no CacheResetWarning
+        same = ["" + state, state + "", state + ["", ""]]
+    for new in same:
+        assert torch.equal(new.token_ids, state.token_ids)
+        assert torch.equal(new.cached_lengths, state.cached_lengths)
+        assert new.value == state.value and torch.equal(new.weights, state.weights)
+
+    def continued(s):  # the texts, and the tokens forwarded for them
+        before = model.stats.snapshot()["tokens_forwarded"]
+        return list(greedy(s, max_tokens=2)), model.stats.snapshot()["tokens_forwarded"] - before
+
+    assert continued("" + state) == continued(state)
+
+
 def test_value_iter_str_repr_drop_cache(model):
     gen = continuous(generate.choice(model, ["yes", "no"], top1(2)))
     state = gen(PROMPTS[:2])
