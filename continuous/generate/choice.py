@@ -1,7 +1,7 @@
 import re
 
 from .. import engines
-from .base import SequenceGenerator, check_model, make
+from .base import SequenceGenerator, make
 from .types import choices_of
 
 
@@ -34,7 +34,6 @@ def choice(model, choices, sampler=None, *, engine=None, ban=None, ban_case=Fals
         parse = str
     if not members:
         raise ValueError("choice needs at least one choice (the list or Enum is empty)")
-    check_model(model)
     pattern = "(" + "|".join(re.escape(c) for c in members) + ")"
-    constraint = engines.regex(pattern, model.tokenizer, engine=engine)
+    constraint = lambda tokenizer: engines.regex(pattern, tokenizer, engine=engine)  # noqa: E731
     return make(model, sampler, constraint, parse, kind="choice", ban=ban, ban_case=ban_case, think=think)
