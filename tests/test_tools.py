@@ -10,7 +10,7 @@ from support.templates import QWEN25
 
 from continuous import Reply, ToolCall, chat, continuous, generate, models, samplers
 from continuous.engines import bits
-from continuous.generate.tools import HERMES
+from continuous.engines.tools import HERMES
 
 
 class Add(BaseModel):
@@ -142,11 +142,11 @@ def test_special_token_markers_are_matched_as_tokens():
     from support.models import build_llama, build_tokenizer
 
     tok = build_tokenizer(1000)
-    tok.add_special_tokens({"additional_special_tokens": list(HERMES)})
+    tok.add_special_tokens({"additional_special_tokens": [HERMES.open, HERMES.close]})
     model = models.transformers(build_llama(tok, "tiny", seed=2, max_position_embeddings=512), tok)
     made = generate.tools(model, TOOLS, tool_choice="required")
     state = continuous(made)(["Go:", "Now:"], max_tokens=60, seed=0, sampler=samplers.multinomial())
-    opening = tok.convert_tokens_to_ids(HERMES[0])
+    opening = tok.convert_tokens_to_ids(HERMES.open)
     for r, prompt in enumerate(["Go:", "Now:"]):
         assert state.token_ids[r].tolist().count(opening) >= 1  # the marker is its special token
         reply = made.parse(list(state)[r][len(prompt):])
@@ -173,3 +173,29 @@ def test_a_tool_without_docstring_has_no_description(model):
 
     made = generate.tools(model, [Ping])
     assert made.tools[0].description == "" and made.tools[0].parameters["additionalProperties"] is False
+
+
+@pytest.mark.parametrize("template, form", [("LLAMA31_FORM", "llama3"), ("MISTRAL_FORM", "mistral")])
+def test_other_template_forms_are_followed(template, form):
+    from support import templates
+    from support.models import build_llama, build_tokenizer
+
+    tok = build_tokenizer(1000)
+    tok.chat_template = getattr(templates, template)
+    model = models.transformers(build_llama(tok, "tiny", seed=3, max_position_embeddings=2048), tok)
+    required = generate.tools(model, TOOLS, tool_choice="required")
+    assert required.own_format and required.form.name == form
+    prompt = required.prompt([{"role": "user", "content": "Add 1 and 2."}])
+    assert '"Add"' in prompt and '"switch"' in prompt
+    state = continuous(required)([prompt] * 4, max_tokens=100, seed=0, sampler=samplers.multinomial())
+    # A list of calls (Mistral) may go on past max_tokens on a random model: rows whose call ended parse.
+    ended = [r for r, why in enumerate(state.finish_reasons) if why == "eos"]
+    assert ended
+    for r in ended:
+        reply = required.parse(list(state)[r][len(prompt):])
+        _check(reply)
+        assert reply.calls
+    auto = generate.tools(model, TOOLS)
+    state = continuous(auto)([prompt] * 3, max_tokens=30, seed=1, sampler=samplers.multinomial())
+    for reply in _replies(auto, state, prompt):
+        _check(reply)

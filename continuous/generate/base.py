@@ -35,7 +35,7 @@ class SequenceGenerator:
     parse
         Turns one row's generated text into its ``value``.
     kind
-        ``"text"``, ``"choice"``, ``"json"``, ``"regex"``, ``"format"`` or ``"cfg"``.
+        ``"text"``, ``"choice"``, ``"json"``, ``"regex"``, ``"format"``, ``"cfg"`` or ``"tools"``.
     ban
         The :class:`~continuous.ban.BanList` of ``ban=``, or ``None``.
     think

@@ -1,5 +1,5 @@
 from .. import engines
-from .base import SequenceGenerator, check_model, make
+from .base import SequenceGenerator, make
 from .types import grammar_of
 
 
@@ -26,6 +26,5 @@ def cfg(model, grammar: str, sampler=None, *, ban=None, ban_case=False, think=No
     grammar = grammar_of(grammar) or grammar
     if not isinstance(grammar, str):
         raise TypeError(f"grammar must be a str (Lark syntax) or an outlines.types.CFG, got {type(grammar).__name__}")
-    check_model(model)
-    return make(model, sampler, engines.grammar(grammar, model.tokenizer), kind="cfg", ban=ban, ban_case=ban_case,
-                think=think)
+    return make(model, sampler, lambda tokenizer: engines.grammar(grammar, tokenizer), kind="cfg", ban=ban,
+                ban_case=ban_case, think=think)

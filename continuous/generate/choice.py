@@ -3,7 +3,7 @@ from dataclasses import replace
 
 from .. import engines
 from ..scores import ChoiceScorer
-from .base import SequenceGenerator, check_model, make
+from .base import SequenceGenerator, make
 from .types import choices_of
 
 
@@ -45,12 +45,11 @@ def choice(model, choices, sampler=None, *, scores=False, engine=None, ban=None,
     if not members:
         raise ValueError("choice needs at least one choice (the list or Enum is empty)")
     scorer = _scorer(members, scores)
-    check_model(model)
-    pattern = "(" + "|".join(re.escape(c) for c in members) + ")"
-    constraint = engines.regex(pattern, model.tokenizer, engine=engine)
     if scorer is not None and think is not None:
         raise ValueError("scores= gives each option's probability right after the prompt; with think= the "
                          "answer follows a thinking section: use one or the other")
+    pattern = "(" + "|".join(re.escape(c) for c in members) + ")"
+    constraint = lambda tokenizer: engines.regex(pattern, tokenizer, engine=engine)  # noqa: E731
     made = make(model, sampler, constraint, parse, kind="choice", ban=ban, ban_case=ban_case, think=think)
     return replace(made, scorer=scorer)
 

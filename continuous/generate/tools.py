@@ -1,10 +1,11 @@
 """Tool calls in the model's own format: free text, and calls held to the tools' schemas.
 
-The call's form is the chat template's own where the template renders tools in the
-Hermes / Qwen form (``<tool_call>{"name": ..., "arguments": ...}</tool_call>``). Where the
-template does not render tools, the same form is the default, and
-:meth:`ToolsGenerator.prompt` writes the tools and how to call them into the system
-prompt.
+The call's form is the chat template's own where the template renders tools: Hermes /
+Qwen (``<tool_call>{"name": ..., "arguments": ...}</tool_call>``), Llama 3.1 (the reply is
+``{"name": ..., "parameters": ...}``) or Mistral (``[TOOL_CALLS][{"name": ...,
+"arguments": ...}]``). Where the template does not render tools, the Hermes form is the
+default, and :meth:`ToolsGenerator.prompt` writes the tools and how to call them into
+the system prompt.
 """
 
 from __future__ import annotations
@@ -18,14 +19,11 @@ from typing import Any, Callable
 from pydantic import BaseModel
 
 from .. import chat
-from ..engines.tools import tool_calls
+from ..engines.tools import HERMES, LLAMA3, MISTRAL, CallFormat, tool_calls
 from .base import SequenceGenerator, check_model, make
 from ..engines.schema import closed
 
-__all__ = ["tools", "Reply", "ToolCall", "ToolsGenerator", "HERMES"]
-
-#: The markers around a call in the Hermes / Qwen format (and the default).
-HERMES = ("<tool_call>", "</tool_call>")
+__all__ = ["tools", "Reply", "ToolCall", "ToolsGenerator"]
 
 _DEFAULT_PROMPT = ("You can call tools. To call one, write {open}{{\"name\": <the tool's name>, \"arguments\": "
                    "<its arguments as a JSON object>}}{close}. The tools, as JSON schemas:\n{tools}")
@@ -82,7 +80,7 @@ def _summary(obj) -> str:
     return doc.split("\n\n")[0].strip()
 
 
-def _call_schema(tools: list[_Tool]) -> dict:
+def _call_schema(tools: list[_Tool], arguments: str) -> dict:
     """One call of any of the tools, with every tool's definitions at the root."""
     defs: dict[str, Any] = {}
     branches = []
@@ -91,25 +89,30 @@ def _call_schema(tools: list[_Tool]) -> dict:
         for name, definition in parameters.pop("$defs", {}).items():
             if defs.setdefault(name, definition) != definition:
                 raise ValueError(f"two tools define different types named {name!r}: rename one")
-        branches.append({"type": "object", "properties": {"name": {"const": tool.name}, "arguments": parameters},
-                         "required": ["name", "arguments"], "additionalProperties": False})
+        branches.append({"type": "object", "properties": {"name": {"const": tool.name}, arguments: parameters},
+                         "required": ["name", arguments], "additionalProperties": False})
     schema = {"anyOf": branches}
     return {**schema, "$defs": defs} if defs else schema
 
 
-def _renders_hermes(tokenizer) -> bool:
-    """Whether the chat template renders tools and asks for Hermes / Qwen calls."""
+#: What in a chat template's text tells the form it asks for, in the order they are tried.
+_FORMS = (("<tool_call>", HERMES), ("[TOOL_CALLS]", MISTRAL), ('"parameters"', LLAMA3))
+
+
+def _template_form(tokenizer) -> CallFormat | None:
+    """The form of calls the chat template asks for, where it renders tools (else ``None``)."""
     template = getattr(tokenizer, "chat_template", None)
-    if not isinstance(template, str) or HERMES[0] not in template:
-        return False
+    form = next((f for mark, f in _FORMS if mark in template), None) if isinstance(template, str) else None
+    if form is None:
+        return None
     probe = [{"role": "user", "content": "?"}]
     spec = {"type": "function", "function": {"name": "probe_tool", "description": "",
                                              "parameters": {"type": "object", "properties": {}}}}
     try:
         rendered = chat.prompt(tokenizer, probe, tools=[spec])
     except Exception:  # a template that cannot take tools=
-        return False
-    return "probe_tool" in rendered
+        return None
+    return form if "probe_tool" in rendered else None
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,12 +123,15 @@ class ToolsGenerator(SequenceGenerator):
     ----------
     tools
         The tools, in order, each with its name, description and JSON schema.
+    form
+        How calls are written (:class:`~continuous.engines.tools.CallFormat`).
     own_format
-        Whether the chat template renders tools itself (else the default is written into
-        the system prompt).
+        Whether the chat template renders tools itself (else the default, Hermes form is
+        written into the system prompt).
     """
 
     tools: tuple = ()
+    form: CallFormat = HERMES
     own_format: bool = False
 
     def prompt(self, messages: list[dict], **template_kwargs) -> str:
@@ -136,7 +142,7 @@ class ToolsGenerator(SequenceGenerator):
         """
         if self.own_format:
             return chat.prompt(self.model, messages, tools=[t.spec() for t in self.tools], **template_kwargs)
-        text = _DEFAULT_PROMPT.format(open=HERMES[0], close=HERMES[1], tools="\n".join(
+        text = _DEFAULT_PROMPT.format(open=HERMES.open, close=HERMES.close, tools="\n".join(
             _json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters})
             for t in self.tools))
         messages = [dict(m) for m in messages]
@@ -150,23 +156,34 @@ class ToolsGenerator(SequenceGenerator):
 class _ParseReply:
     """A reply's text and calls, the arguments parsed into the tools' types."""
 
-    def __init__(self, tools: list[_Tool], calls: bool):
-        self.tools = {t.name: t for t in tools}
-        self.calls = calls
-        self.pattern = re.compile(re.escape(HERMES[0]) + r"\s*(.*?)\s*" + re.escape(HERMES[1]), re.S)
+    def __init__(self, tools: list[_Tool], form: CallFormat, calls: bool):
+        self.tools, self.form, self.calls = {t.name: t for t in tools}, form, calls
+        self.pattern = re.compile(re.escape(form.open) + r"\s*(.*?)\s*" + re.escape(form.close), re.S)
 
     def __call__(self, text: str) -> Reply:
         if not self.calls:
             return Reply(text.strip(), [])
-        calls, parts, at = [], [], 0
+        found, parts = self._split(text)
+        calls = []
+        for call in found:
+            tool = self.tools[call["name"]]
+            calls.append(ToolCall(tool.name, tool.parse(call[self.form.arguments])))
+        return Reply("".join(parts).strip(), calls)
+
+    def _split(self, text: str) -> tuple[list[dict], list[str]]:
+        """The calls' JSON and the text around them, as the form writes them."""
+        if self.form is LLAMA3:
+            is_call = text.lstrip().startswith("{")
+            return ([_json.loads(text)], []) if is_call else ([], [text])
+        if self.form is MISTRAL:
+            at = text.find(self.form.open)
+            return ([], [text]) if at < 0 else (_json.loads(text[at + len(self.form.open):]), [text[:at]])
+        found, parts, at = [], [], 0
         for match in self.pattern.finditer(text):
             parts.append(text[at:match.start()])
+            found.append(_json.loads(match.group(1)))
             at = match.end()
-            call = _json.loads(match.group(1))
-            tool = self.tools[call["name"]]
-            calls.append(ToolCall(tool.name, tool.parse(call["arguments"])))
-        parts.append(text[at:])
-        return Reply("".join(parts).strip(), calls)
+        return found, parts + [text[at:]]
 
 
 def tools(model, tools: list, tool_choice: str = "auto", sampler=None, *, ban=None, ban_case=False,
@@ -209,12 +226,14 @@ def tools(model, tools: list, tool_choice: str = "auto", sampler=None, *, ban=No
     if tool_choice not in ("auto", "required", "none", *names):
         raise ValueError(f"tool_choice must be 'auto', 'required', 'none' or a tool's name {names}, "
                          f"got {tool_choice!r}")
+    own = _template_form(model.tokenizer)
+    form = own or HERMES
     callable_tools = [t for t in made if tool_choice in ("auto", "required", t.name)]
     constraint = None
     if tool_choice != "none":
-        schema = _call_schema(callable_tools)
-        constraint = lambda tokenizer: tool_calls(schema, *HERMES, tokenizer, call_first=tool_choice != "auto")  # noqa: E731
-    base = make(model, sampler, constraint, _ParseReply(made, tool_choice != "none"), kind="tools", ban=ban,
+        schema = _call_schema(callable_tools, form.arguments)
+        constraint = lambda tokenizer: tool_calls(schema, form, tokenizer, call_first=tool_choice != "auto")  # noqa: E731
+    base = make(model, sampler, constraint, _ParseReply(made, form, tool_choice != "none"), kind="tools", ban=ban,
                 ban_case=ban_case, think=think)
     values = {f.name: getattr(base, f.name) for f in fields(SequenceGenerator)}
-    return ToolsGenerator(**values, tools=tuple(made), own_format=_renders_hermes(model.tokenizer))
+    return ToolsGenerator(**values, tools=tuple(made), form=form, own_format=own is not None)

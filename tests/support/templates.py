@@ -59,3 +59,45 @@ QWEN25 = """{%- if tools %}
     {{- '<|im_start|>assistant\\n' }}
 {%- endif %}
 """
+
+#: An abbreviated template in the form of Llama 3.1's: it renders ``tools`` in the user's
+#: last message and asks for a reply that is one JSON call with ``"parameters"``.
+LLAMA31_FORM = """{{- bos_token }}
+{%- for message in messages %}
+    {%- if loop.last and tools and message.role == 'user' %}
+        {{- '<|start_header_id|>user<|end_header_id|>\\n\\nGiven the following functions, please respond with a JSON for a function call with its proper arguments that best answers the given prompt.\\n\\nRespond in the format {"name": function name, "parameters": dictionary of argument name and its value}. Do not use variables.\\n\\n' }}
+        {%- for t in tools %}
+            {{- t | tojson }}
+            {{- "\\n\\n" }}
+        {%- endfor %}
+        {{- message.content + '<|eot_id|>' }}
+    {%- else %}
+        {{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+"""
+
+#: An abbreviated template in the form of Mistral's: ``[AVAILABLE_TOOLS]`` before the last
+#: user message, calls as ``[TOOL_CALLS]`` and a JSON list.
+MISTRAL_FORM = """{{- bos_token }}
+{%- for message in messages %}
+    {%- if message.role == 'user' %}
+        {%- if loop.last and tools %}
+            {{- '[AVAILABLE_TOOLS]' + (tools | tojson) + '[/AVAILABLE_TOOLS]' }}
+        {%- endif %}
+        {{- '[INST]' + message.content + '[/INST]' }}
+    {%- elif message.role == 'assistant' %}
+        {%- if message.tool_calls %}
+            {{- '[TOOL_CALLS]' + (message.tool_calls | tojson) }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- eos_token }}
+    {%- elif message.role == 'tool' %}
+        {{- '[TOOL_RESULTS]' + message.content + '[/TOOL_RESULTS]' }}
+    {%- endif %}
+{%- endfor %}
+"""
