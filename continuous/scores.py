@@ -84,9 +84,10 @@ def _rest(model, forked: Rows, flat: list[list[int]], width: int) -> torch.Tenso
     logits, _ = model.forward(inputs, mask, forked.cache, logits_to_keep=width, n_real=int(new.sum()),
                               holes=interior_holes(mask))
     logits = logits.float()
-    targets, new = targets.to(logits.device), new.to(logits.device)
+    targets, new = targets.to(logits.device), new.to(logits.device).bool()
     picked = logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, -1)
-    return (picked * new).sum(1)
+    # A padding slot's logits mean nothing (they may even be NaN): select, do not multiply.
+    return torch.where(new, picked, 0.0).sum(1)
 
 
 class ChoiceScorer:

@@ -197,3 +197,32 @@ def test_a_value_cut_short_raises_at_the_end_and_keeps_the_state(model):
 def test_calls_refuse_partial(model):
     with pytest.raises(TypeError):
         continuous(generate.text(model))("x", partial=True)
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_partial_values_grow_on_smollm2():
+    from support.real import smollm2
+
+    from continuous import chat
+
+    class City(BaseModel):
+        name: str
+        country: str
+        population: int
+        landmarks: list[str] = Field(max_length=3)
+
+    model = models.transformers(smollm2())
+    gen = continuous(generate.json(model, City))
+    ask = chat.prompt(model, [{"role": "user", "content": "Describe Paris as JSON: name, country, population, "
+                                                          "three landmarks."}])
+    stream = gen.stream(ask, partial=True, max_tokens=150)
+    values = list(stream)
+    final = stream.state.value
+    assert values[-1] == final and final.name == "Paris" and len(final.landmarks) >= 1
+    partial = [v for v in values[:-1] if v is not None]
+    for before, after in zip(partial, partial[1:]):
+        grows(before, after, final)
+    # Strings were shown while written: some landmark appeared as a strict prefix of itself.
+    assert any(v.landmarks and v.landmarks[-1] not in final.landmarks for v in partial
+               if "landmarks" in v.model_fields_set)

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from continuous import continuous, generate, samplers
+from continuous.layout import interior_holes
 from continuous.scores import option_tokens
 
 OPTIONS = ["yes", "no", "yesterday", "maybe so", "Paris", "Par"]  # multi-token, shared prefixes
@@ -100,6 +101,18 @@ def test_a_continued_state_recomputes_nothing_and_scores_after_its_text(model, h
     assert model.stats.tokens_forwarded - before == new + extra
     for option in OPTIONS:
         assert scored.choice_scores[0][option] == pytest.approx(direct(hf_model, tokenizer, ids, option), abs=1e-4)
+
+
+def test_a_batch_state_with_holes_scores_each_row_after_its_own_text(model, hf_model, tokenizer):
+    text = continuous(generate.text(model))
+    grown = text(["Once upon", "User: Tell me about Rosa and her cat.\nAssistant:"], max_tokens=6)
+    state = grown[:, :24] + [" Answer:", " So:"]  # rows cut at different tokens: holes in the cache
+    assert interior_holes(state.attention_mask)
+    scored = continuous(generate.choice(model, OPTIONS, scores=True))(state, max_tokens=0)
+    for r in range(2):
+        ids = state.token_ids[r][state.attention_mask[r].bool()].tolist()
+        for option in OPTIONS:
+            assert scored.choice_scores[r][option] == pytest.approx(direct(hf_model, tokenizer, ids, option), abs=1e-4)
 
 
 def test_samples_of_a_prompt_share_its_scores(model):
