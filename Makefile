@@ -59,12 +59,13 @@ test-fast: $(STAMP)
 
 # The fast tier against the newest releases pyproject.toml allows (constraints.txt left
 # out), in $(LATEST): a failure there is a release that breaks us, not our change, and
-# CI does not fail on it. torch is the newest on TORCH_INDEX, and stays that build.
+# CI does not fail on it. torch is the tested one (TORCH: a local wheel where pip finds
+# one, else TORCH_INDEX), and stays that build.
 test-latest:
 	@test -n "$(PYTHON)" || { echo "no Python >= 3.10 on the PATH: give PYTHON=/path/to/python"; exit 1; }
 	test -x $(LATEST_PY) || $(PYTHON) -m venv $(LATEST)
 	$(LATEST_PIP) pip
-	$(LATEST_PIP) torch --index-url "$(TORCH_INDEX)"
+	$(LATEST_PIP) --no-index --no-deps "$(TORCH)" 2>/dev/null || $(LATEST_PIP) "$(TORCH)" --index-url "$(TORCH_INDEX)"
 	$(LATEST_PY) -c 'import torch; print("torch==" + torch.__version__)' > $(LATEST)/torch.txt
 	$(LATEST_PIP) -e ".[test]" -c $(LATEST)/torch.txt
 	$(LATEST_PY) -m pip list --format=freeze | grep -i -E '^(torch|transformers|llguidance|outlines|outlines.core|tokenizers|pydantic|jsonschema)=='

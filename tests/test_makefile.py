@@ -54,5 +54,6 @@ def test_install_and_test_use_the_tested_constraints(tmp_path):
 def test_test_latest_takes_the_newest_releases_in_an_environment_of_its_own():
     plan = make("-n", "test-latest")
     assert "constraints.txt" not in plan and ".venv-latest/bin/python -m pytest -q -m \"not slow\"" in plan
-    assert "--upgrade" in plan and "https://download.pytorch.org/whl/cpu" in plan
+    tested = _pins(ROOT / "constraints.txt")["torch"]
+    assert "--upgrade" in plan and f'"torch=={tested}"' in plan  # the tested torch: a local wheel first
     assert "make test-latest ||" in (ROOT / ".ci" / "run").read_text()  # CI does not fail on it
