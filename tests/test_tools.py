@@ -199,3 +199,17 @@ def test_other_template_forms_are_followed(template, form):
     state = continuous(auto)([prompt] * 3, max_tokens=30, seed=1, sampler=samplers.multinomial())
     for reply in _replies(auto, state, prompt):
         _check(reply)
+
+
+def test_openai_style_tool_dicts(model):
+    spec = {"type": "function", "function": {"name": "lamp", "description": "Switch the lamp.", "parameters": {
+        "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"],
+        "additionalProperties": False}}}
+    made = generate.tools(model, [spec, Add], tool_choice="lamp")
+    assert made.tools[0].description == "Switch the lamp."
+    state = continuous(made)(["Go:", "Now:"], max_tokens=80, seed=0, sampler=samplers.multinomial())
+    for r, prompt in enumerate(["Go:", "Now:"]):
+        reply = made.parse(list(state)[r][len(prompt):])
+        assert reply.calls and all(c.name == "lamp" and isinstance(c.arguments["on"], bool) for c in reply.calls)
+    with pytest.raises(ValueError, match="needs a function with a name"):
+        generate.tools(model, [{"type": "function", "function": {"description": "no name"}}])

@@ -72,6 +72,20 @@ def _tool(spec) -> _Tool:
     raise TypeError(f"a tool is a function or a pydantic model class, got {spec!r}")
 
 
+def _described(spec: dict) -> _Tool:
+    """A tool described as OpenAI's API and chat templates take it: ``{"type": "function",
+    "function": {"name", "description", "parameters"}}``, or the inner object alone; its
+    arguments come back as a dict."""
+    inner = spec.get("function", spec) if spec.get("type", "function") == "function" else None
+    name = inner.get("name") if isinstance(inner, dict) else None
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a tool given as a dict needs a function with a name, got {spec!r}")
+    parameters = inner.get("parameters") or {"type": "object", "properties": {}}
+    if not isinstance(parameters, dict):
+        raise ValueError(f"the parameters of tool {name!r} must be a JSON schema object, got {parameters!r}")
+    return _Tool(name, str(inner.get("description") or ""), parameters, dict)
+
+
 def _summary(obj) -> str:
     """The first paragraph of a docstring (pydantic's default one excepted)."""
     doc = inspect.getdoc(obj) or ""
@@ -196,8 +210,10 @@ def tools(model, tools: list, tool_choice: str = "auto", sampler=None, *, ban=No
         A model from ``continuous.models``.
     tools
         Functions (their signature gives the arguments' schema, their docstring's first
-        paragraph the description) or pydantic model classes (the arguments are an
-        instance); names must differ.
+        paragraph the description), pydantic model classes (the arguments are an
+        instance) or OpenAI-style dicts ``{"type": "function", "function": {"name",
+        "description", "parameters"}}`` (the schema as given; the arguments are a dict);
+        names must differ.
     tool_choice
         ``"auto"`` (text, calls, or both), ``"required"`` (the reply starts with a call),
         ``"none"`` (text only) or a tool's name (the reply starts with a call of that
@@ -217,9 +233,9 @@ def tools(model, tools: list, tool_choice: str = "auto", sampler=None, *, ban=No
         When ``tools`` is empty, two tools share a name, or ``tool_choice`` names no tool.
     """
     check_model(model)
-    made = [_tool(t) for t in tools] if isinstance(tools, (list, tuple)) else None
-    if not made:
-        raise ValueError(f"tools must be a non-empty list of functions or pydantic models, got {tools!r}")
+    if not isinstance(tools, (list, tuple)) or not tools:
+        raise ValueError(f"tools must be a non-empty list of functions, pydantic models or tool dicts, got {tools!r}")
+    made = [_described(t) if isinstance(t, dict) else _tool(t) for t in tools]
     names = [t.name for t in made]
     if len(set(names)) < len(names):
         raise ValueError(f"tool names must differ, got {names}")
