@@ -152,6 +152,8 @@ def test_bad_scores_arguments_fail_clearly(model):
         generate.choice(model, OPTIONS, scores="max")
     with pytest.raises(ValueError, match="non-empty"):
         generate.choice(model, ["", "a"], scores=True)
+    with pytest.raises(ValueError, match="think="):
+        generate.choice(model, OPTIONS, scores=True, think=8)
     gen = continuous(generate.choice(model, OPTIONS, scores=True))
     with pytest.raises(ValueError, match="heal"):
         gen("Answer:", heal=True)
