@@ -131,6 +131,20 @@ def test_a_prompt_from_the_prefix_cache_scores_the_same(hf_model, tokenizer):
     assert first.choice_scores != again.choice_scores
 
 
+def test_concurrent_calls_score_as_calls_alone(model):
+    from concurrent.futures import ThreadPoolExecutor
+
+    gen = continuous(generate.choice(model, OPTIONS, scores=True))
+    prompts = ["Pick: ", "User: Tell me about Rosa.\nAssistant:", "Choose one, quickly: "]
+    alone = [gen(p) for p in prompts]
+    with ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(gen, prompts))
+    for a, t in zip(alone, together):
+        assert t.value == a.value
+        for option in OPTIONS:
+            assert t.choice_scores[0][option] == pytest.approx(a.choice_scores[0][option], abs=1e-4)
+
+
 def test_samples_of_a_prompt_share_its_scores(model):
     gen = continuous(generate.choice(model, OPTIONS, samplers.multinomial(3), scores=True))
     state = gen(["Pick: ", "Choose one: "], seed=1)
