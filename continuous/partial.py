@@ -10,7 +10,9 @@ field not written yet is missing (or holds its default; ``model_fields_set`` nam
 written ones), nested models, lists and dicts of models are built the same way.
 
 For every other generator (text, regex, choice, format, grammars) the partial value is
-the text generated so far. The complete, validated ``value`` comes once the generation ends.
+the text generated so far. With a thinking section (``think=``), values are read from the
+text after its closing marker only, as ``value`` is: they stay ``None`` (``""`` for text)
+while the model thinks. The complete, validated ``value`` comes once the generation ends.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any, Callable, Sequence
 from pydantic import BaseModel, TypeAdapter
 from pydantic_core import from_json
 
+from .think import Answer
+
 __all__ = ["PartialValues", "reader", "construct"]
 
 #: Generator kinds whose text is a JSON document.
@@ -33,11 +37,25 @@ def reader(generator) -> Callable[[str, Any], Any]:
     """How to read a row's text so far: ``read(text, previous) -> value so far``.
 
     ``previous`` is what the row's last text gave; it stays where the text does not parse
-    (a stop string after the document, say).
+    (a stop string after the document, say). With a thinking section, only the text
+    after its closing marker is read: the value stays as it began while the model thinks.
     """
-    if generator.kind not in JSON_KINDS:
-        return lambda text, previous: text
-    target = _target_type(generator.parse)
+    parse, close = generator.parse, None
+    if isinstance(parse, Answer):
+        parse, close = parse.parse, parse.close
+    read = _json_reader(parse) if generator.kind in JSON_KINDS else (lambda text, previous: text)
+    if close is None:
+        return read
+
+    def answer(text: str, previous: Any) -> Any:
+        at = text.find(close)
+        return previous if at < 0 else read(text[at + len(close):], previous)
+
+    return answer
+
+
+def _json_reader(parse) -> Callable[[str, Any], Any]:
+    target = _target_type(parse)
 
     def read(text: str, previous: Any) -> Any:
         try:

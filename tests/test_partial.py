@@ -142,6 +142,31 @@ def test_a_string_being_written_shows_its_prefix(model):
     assert seen[-1].tags == ["ab", "c"]
 
 
+def test_with_a_thinking_section_values_read_the_answer_only(demo):
+    from continuous import Think
+
+    gen = continuous(generate.json(demo, Record, think=Think(budget=4)))
+    pieces = list(gen.stream(ASK, max_tokens=80))
+    stream = gen.stream(ASK, partial=True, max_tokens=80)
+    values = list(stream)
+    assert values[-1] == stream.state.value and isinstance(values[-1], Record)
+    so_far = ""
+    for piece, value in zip(pieces, values):
+        so_far += piece
+        if "</think>" not in so_far:
+            assert value is None  # still thinking: nothing of the answer yet
+        elif value is not None:
+            assert isinstance(value, Record)
+    assert any(isinstance(v, Record) and len(v.model_fields_set) < 4 for v in values[:-1])
+
+    text = continuous(generate.text(demo, think=Think(budget=3)))
+    stream = text.stream("User: Tell me about Rosa.\nAssistant:", partial=True, max_tokens=12)
+    values = list(stream)
+    answer = stream.state.value
+    assert values[-1] == answer and values[0] == "" and values[-2] == answer
+    assert all(answer.startswith(v) for v in values)
+
+
 def test_list_and_nested_types_are_built_as_partial_models(model):
     assert construct(list[Pet], [{"kind": "cat"}, {}]) == [Pet.model_construct(kind="cat"), Pet.model_construct()]
     assert construct(dict[str, Pet], {"a": {"age": 3}})["a"].model_fields_set == {"age"}

@@ -115,6 +115,36 @@ def test_a_batch_state_with_holes_scores_each_row_after_its_own_text(model, hf_m
             assert scored.choice_scores[r][option] == pytest.approx(direct(hf_model, tokenizer, ids, option), abs=1e-4)
 
 
+def test_a_prompt_from_the_prefix_cache_scores_the_same(hf_model, tokenizer):
+    from continuous import models
+
+    cached = models.transformers(hf_model, tokenizer, prefix_cache="50MB")
+    prompt = "User: Tell me about Rosa and her cat.\nAssistant: The answer is"
+    gen = continuous(generate.choice(cached, OPTIONS, scores=True))
+    first = gen(prompt)
+    before = cached.stats.tokens_cached
+    again = gen(prompt + " surely")  # starts with the first call's tokens: they come from the cache
+    assert cached.stats.tokens_cached > before
+    ids = prompt_ids(tokenizer, prompt + " surely")
+    for option in OPTIONS:
+        assert again.choice_scores[0][option] == pytest.approx(direct(hf_model, tokenizer, ids, option), abs=1e-4)
+    assert first.choice_scores != again.choice_scores
+
+
+def test_concurrent_calls_score_as_calls_alone(model):
+    from concurrent.futures import ThreadPoolExecutor
+
+    gen = continuous(generate.choice(model, OPTIONS, scores=True))
+    prompts = ["Pick: ", "User: Tell me about Rosa.\nAssistant:", "Choose one, quickly: "]
+    alone = [gen(p) for p in prompts]
+    with ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(gen, prompts))
+    for a, t in zip(alone, together):
+        assert t.value == a.value
+        for option in OPTIONS:
+            assert t.choice_scores[0][option] == pytest.approx(a.choice_scores[0][option], abs=1e-4)
+
+
 def test_samples_of_a_prompt_share_its_scores(model):
     gen = continuous(generate.choice(model, OPTIONS, samplers.multinomial(3), scores=True))
     state = gen(["Pick: ", "Choose one: "], seed=1)
@@ -152,6 +182,8 @@ def test_bad_scores_arguments_fail_clearly(model):
         generate.choice(model, OPTIONS, scores="max")
     with pytest.raises(ValueError, match="non-empty"):
         generate.choice(model, ["", "a"], scores=True)
+    with pytest.raises(ValueError, match="think="):
+        generate.choice(model, OPTIONS, scores=True, think=8)
     gen = continuous(generate.choice(model, OPTIONS, scores=True))
     with pytest.raises(ValueError, match="heal"):
         gen("Answer:", heal=True)
