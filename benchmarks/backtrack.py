@@ -95,7 +95,7 @@ def hand_loop(hf, tok, prompt_ids, n, seed, ban: BanList, reuse_cache: bool):
                 logits = forward([token], len(prompt_ids) + len(ids) - 1)
                 continue
             backtracks += 1
-            start = matches[0][0]  # the earliest banned phrase the token completes
+            start = matches[0].start  # the earliest banned phrase the token completes
             keep = sum(1 for e in ends if e <= start)
             bans.setdefault(keep, set()).add(ids[keep])
             for p in [p for p in bans if p > keep]:
