@@ -112,8 +112,12 @@ class Answer:
 
     def reasoning(self, text: str) -> str:
         """The thinking text of a row's generated text (all of it while the section is open)."""
-        at = text.find(self.close)
-        return text if at < 0 else text[:at]
+        return self.parts(text)[0]
+
+    def parts(self, text: str) -> tuple[str, str]:
+        """A row's generated text as its thinking and its answer (``""`` while the section is open)."""
+        reasoning, closed, answer = text.partition(self.close)
+        return reasoning, answer if closed else ""
 
     def __call__(self, text: str) -> Any:
         at = text.find(self.close)

@@ -399,6 +399,15 @@ class AsyncStream:
             raise StopAsyncIteration
         return item
 
+    async def run(self) -> SequenceState:
+        """The remaining steps, their pieces unread; the final state (as ``acall`` gives it).
+
+        Cancelled, the generation stops after the step under way, and ``state`` keeps it."""
+        while True:
+            done, item = await self._stream.astep()
+            if done:
+                return item
+
     async def aclose(self) -> None:
         self._stream.close()
 

@@ -20,8 +20,8 @@ from pydantic import BaseModel
 
 from .. import chat
 from ..engines.tools import HERMES, LLAMA3, MISTRAL, CallFormat, tool_calls
-from .base import SequenceGenerator, check_model, make
 from ..engines.schema import closed
+from .base import SequenceGenerator, check_model, make
 
 __all__ = ["tools", "Reply", "ToolCall", "ToolsGenerator"]
 
@@ -75,7 +75,8 @@ def _tool(spec) -> _Tool:
 def _described(spec: dict) -> _Tool:
     """A tool described as OpenAI's API and chat templates take it: ``{"type": "function",
     "function": {"name", "description", "parameters"}}``, or the inner object alone; its
-    arguments come back as a dict."""
+    arguments come back as a dict. Its objects take only the members they name, unless
+    they say otherwise, as ``generate.json``'s do."""
     inner = spec.get("function", spec) if spec.get("type", "function") == "function" else None
     name = inner.get("name") if isinstance(inner, dict) else None
     if not isinstance(name, str) or not name:
@@ -83,7 +84,7 @@ def _described(spec: dict) -> _Tool:
     parameters = inner.get("parameters") or {"type": "object", "properties": {}}
     if not isinstance(parameters, dict):
         raise ValueError(f"the parameters of tool {name!r} must be a JSON schema object, got {parameters!r}")
-    return _Tool(name, str(inner.get("description") or ""), parameters, dict)
+    return _Tool(name, str(inner.get("description") or ""), closed(parameters), dict)
 
 
 def _summary(obj) -> str:

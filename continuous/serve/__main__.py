@@ -36,6 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default=None, help="torch device (default: the library's choice)")
     parser.add_argument("--chat-template", default=None, metavar="FILE",
                         help="a Jinja chat template, for a tokenizer that has none or to replace its own")
+    parser.add_argument("--think", nargs="?", type=int, const=True, default=None, metavar="BUDGET",
+                        help="answers think first, in the markers of the model's chat template or tokenizer, "
+                             "within BUDGET tokens if given; chat answers give the thinking as reasoning_content")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch's CPU threads (default: torch's choice, one per core)")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
@@ -69,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from continuous.serve.app import build_app
 
-    app = build_app(load(args), name=args.served_model_name or args.model, max_queue=args.max_queue)
+    app = build_app(load(args), name=args.served_model_name or args.model, max_queue=args.max_queue,
+                    think=args.think)
     # Streams still open at shutdown are cut after a few seconds rather than awaited.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
 

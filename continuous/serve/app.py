@@ -13,8 +13,7 @@ import asyncio
 import logging
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import aclosing, asynccontextmanager
+from contextlib import aclosing
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
@@ -23,6 +22,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
+from ..think import thinking
 from .calls import Call, Delta, RequestError, Served
 from .wire import (
     ChatChoice,
@@ -52,7 +52,7 @@ __all__ = ["build_app"]
 log = logging.getLogger("continuous.serve")
 
 
-def build_app(model, *, name: str, max_queue: int = 64) -> FastAPI:
+def build_app(model, *, name: str, max_queue: int = 64, think: bool | int | None = None) -> FastAPI:
     """The OpenAI-compatible application serving ``model``.
 
     Parameters
@@ -63,19 +63,22 @@ def build_app(model, *, name: str, max_queue: int = 64) -> FastAPI:
         The model's name: requests must give it as ``model``.
     max_queue
         Most requests running or waiting at once; more are answered 429.
+    think
+        Every answer thinks first, within the markers of the model's chat template or
+        tokenizer (``True``, or an int: a budget of tokens), as ``think=`` says; chat answers
+        give the thinking in ``reasoning_content``.
+
+    Raises
+    ------
+    ValueError
+        With ``think``, for a model whose markers are unknown.
     """
-    served = Served(model, name, max_queue)
+    thinking(think, model.tokenizer)  # unknown markers fail now, not at every request
+    served = Served(model, name, max_queue, think)
 
-    @asynccontextmanager
-    async def lifespan(app):
-        # Each call in flight waits on one worker thread per step: enough threads for a
-        # full queue, so that concurrent calls can share the model's steps.
-        executor = ThreadPoolExecutor(max_workers=max_queue + 4, thread_name_prefix="continuous-serve")
-        asyncio.get_running_loop().set_default_executor(executor)
-        yield
-        executor.shutdown(wait=False, cancel_futures=True)
-
-    app = FastAPI(title="continuous", lifespan=lifespan)
+    # Calls in flight run their steps on the model's own worker threads (its scheduler's),
+    # as many as there are calls, so that they share the model's forward passes.
+    app = FastAPI(title="continuous")
     app.state.served = served
     _errors(app)
     _routes(app, served)
@@ -133,14 +136,16 @@ def _routes(app: FastAPI, served: Served) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         _check_model(served, body.model)
-        if body.tools or body.tool_choice is not None:
-            # Extension point (tools): generate.tools will build the generator here, and
-            # calls come back in message.tool_calls with finish_reason "tool_calls".
-            raise RequestError("tools and tool_choice are not supported yet", param="tools",
-                               code="unsupported_parameter")
-        prompt = served.chat_prompt([m.template_dict() for m in body.messages])
+        generator = None
+        if body.tools:  # calls come back in message.tool_calls, finish_reason "tool_calls"
+            if body.response_format is not None and body.response_format.type != "text":
+                raise RequestError("give tools or a JSON response_format, not both", param="response_format")
+            generator = served.tools_generator(body.tools, body.tool_choice, body.n)
+        elif body.tool_choice is not None:
+            raise RequestError("tool_choice needs tools", param="tool_choice")
+        prompt = served.chat_prompt([m.template_dict() for m in body.messages], generator)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        call = served.call([prompt], body, body.limit, logprobs, param="messages")
+        call = served.call([prompt], body, body.limit, logprobs, param="messages", generator=generator)
         return await _answer(served, request, call, body.stream, _ChatShape(served, body))
 
     @app.post("/v1/completions")
@@ -168,18 +173,12 @@ async def _answer(served: Served, request: Request, call: Call, stream: bool, sh
     if stream:
         return _Events(shape.events(call, started), served.release)
     try:
-        state = await _unless_gone(request, _drain(started))
+        state = await _unless_gone(request, started.run())
     finally:
         served.release()
     if state is None:  # the client left: nobody reads an answer
         return JSONResponse({}, status_code=499)
     return JSONResponse(shape.whole(call, state).model_dump(exclude_none=True))
-
-
-async def _drain(stream):
-    async for _ in stream:
-        pass
-    return stream.state
 
 
 async def _unless_gone(request: Request, work) -> Any:
@@ -243,7 +242,7 @@ class _Shape:
                 yield _sse(opening)
             async with aclosing(call.deltas(stream)) as steps:
                 async for step in steps:
-                    if any(d.text or d.logprobs or d.finish_reason for d in step):
+                    if any(map(_says, step)):
                         yield _sse(self.chunk(step))
             options = self.body.stream_options
             if options is not None and options.include_usage:
@@ -262,8 +261,10 @@ class _ChatShape(_Shape):
 
     def whole(self, call: Call, state) -> ChatCompletion:
         rows = call.rows(state)
-        choices = [ChatChoice(index=i, message=ChatMessage(content=row.text), finish_reason=row.finish_reason,
-                              logprobs=_chat_logprobs(row.logprobs, self.body.logprobs))
+        choices = [ChatChoice(index=i, message=ChatMessage(content=row.text if row.text or not row.tool_calls
+                                                           else None, tool_calls=row.tool_calls,
+                                                           reasoning_content=row.reasoning),
+                              finish_reason=row.finish_reason, logprobs=_chat_logprobs(row.logprobs, self.body.logprobs))
                    for i, row in enumerate(rows)]
         return ChatCompletion(id=self.id, created=self.created, model=self.served.name, choices=choices,
                               usage=self.usage(call, state, rows))
@@ -274,9 +275,9 @@ class _ChatShape(_Shape):
                              for i in range(rows)])]
 
     def chunk(self, step: list[Delta]) -> ChatCompletionChunk:
-        return self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=d.text), finish_reason=d.finish_reason,
+        return self._chunk([ChatChunkChoice(index=i, delta=_chat_delta(d), finish_reason=d.finish_reason,
                                             logprobs=_chat_logprobs(d.logprobs, self.body.logprobs))
-                            for i, d in enumerate(step) if d.text or d.logprobs or d.finish_reason])
+                            for i, d in enumerate(step) if _says(d)])
 
     def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
         return self._chunk([], usage)
@@ -300,10 +301,21 @@ class _TextShape(_Shape):
         return Completion(id=self.id, created=self.created, model=self.served.name, choices=[
             CompletionChoice(index=i, text=d.text, finish_reason=d.finish_reason,
                              logprobs=_text_logprobs(d.logprobs) if wanted else None)
-            for i, d in enumerate(step) if d.text or d.logprobs or d.finish_reason])
+            for i, d in enumerate(step) if _says(d)])
 
     def usage_chunk(self, usage: Usage) -> Completion:
         return Completion(id=self.id, created=self.created, model=self.served.name, choices=[], usage=usage)
+
+
+def _says(d: Delta) -> bool:
+    """Whether a row's delta has anything to send."""
+    return bool(d.text or d.reasoning or d.tool_calls or d.logprobs or d.finish_reason)
+
+
+def _chat_delta(d: Delta) -> ChatDelta:
+    """A row's delta in chat's form: text, thinking, and calls (numbered, as streamed calls are)."""
+    calls = [dict(call, index=i) for i, call in enumerate(d.tool_calls)] if d.tool_calls else None
+    return ChatDelta(content=d.text or None, reasoning_content=d.reasoning or None, tool_calls=calls)
 
 
 def _bytes(text: str) -> list[int]:

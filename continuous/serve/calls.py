@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 from typing import Any, AsyncIterator
@@ -42,12 +43,15 @@ class RequestError(Exception):
 
 @dataclass
 class Row:
-    """What one row (one choice) of a finished call says."""
+    """What one row (one choice) of a finished call says: its answer's text, and the calls
+    and thinking it holds apart from it."""
 
     text: str
     finish_reason: str
     tokens: int
     logprobs: list[tuple] | None
+    tool_calls: list[dict] | None = None
+    reasoning: str | None = None
 
 
 @dataclass
@@ -57,6 +61,8 @@ class Delta:
     text: str = ""
     logprobs: list[tuple] = field(default_factory=list)
     finish_reason: str | None = None
+    reasoning: str = ""
+    tool_calls: list[dict] | None = None
 
 
 @dataclass
@@ -75,19 +81,33 @@ class Call:
         prompt = self.prompts[0] if len(self.prompts) == 1 else self.prompts
         return self.generator.astream(prompt, **self.options)
 
+    @property
+    def tools(self) -> bool:
+        return self.generator.generator.kind == "tools"
+
+    @property
+    def think(self):
+        return self.generator.generator.think
+
     def rows(self, state) -> list[Row]:
-        """Each row's text (without the stop string it ended on), reason, token count and log-probabilities."""
+        """Each row's text (without the stop string it ended on), reason, token count and log-probabilities;
+        its calls and its thinking, apart."""
         counts = state.attention_mask.sum(1).tolist()
         reasons = state.finish_reasons
         logprobs = state.logprobs
+        replies = _replies(state, len(reasons)) if self.tools else [None] * len(reasons)
         out = []
         for r, full in enumerate(state):
             prompt = self.prompts[r // self.n]
             text = full[len(prompt):]
             if reasons[r] == "stop":
                 text = _without_stop(text, self.stops)
-            out.append(Row(text, FINISH.get(reasons[r], "stop"), counts[r] - self.prompt_tokens[r // self.n],
-                           logprobs[r] if logprobs is not None else None))
+            row = Row(text, FINISH.get(reasons[r], "stop"), counts[r] - self.prompt_tokens[r // self.n],
+                      logprobs[r] if logprobs is not None else None)
+            if self.think is not None:  # the library wrote the opening marker after the prompt
+                row.reasoning, row.text = self.generator.generator.parse.parts(text.removeprefix(self.think.open))
+            _calls(row, replies[r])
+            out.append(row)
         return out
 
     async def deltas(self, stream) -> AsyncIterator[list[Delta]]:
@@ -105,17 +125,19 @@ class Call:
                 entries = stream.state.logprobs if want_logprobs else None
                 step = []
                 for r, piece in enumerate(_flat(pieces, rows)):
-                    raw[r] += piece
-                    safe = _safe(raw[r], self.stops)
-                    delta = Delta(raw[r][sent[r]:safe], entries[r][logged[r]:] if entries else [])
+                    thought = piece.reasoning if self.think is not None else ""
+                    raw[r] += piece.answer if self.think is not None else piece
+                    # A reply that may call tools is sent whole at the end, its calls apart.
+                    safe = sent[r] if self.tools else _safe(raw[r], self.stops)
+                    delta = Delta(raw[r][sent[r]:safe], entries[r][logged[r]:] if entries else [], None, thought)
                     sent[r], logged[r] = max(sent[r], safe), logged[r] + len(delta.logprobs)
                     step.append(delta)
                 yield step
         finally:  # however the stream ends (a client gone too), its rows leave the model's steps
             await stream.aclose()
         final = self.rows(stream.state)
-        yield [Delta(row.text[sent[r]:], (row.logprobs or [])[logged[r]:], row.finish_reason)
-               for r, row in enumerate(final)]
+        yield [Delta(row.text[sent[r]:], (row.logprobs or [])[logged[r]:], row.finish_reason,
+                     tool_calls=row.tool_calls) for r, row in enumerate(final)]
 
 
 def _flat(pieces, rows: int) -> list[str]:
@@ -138,6 +160,30 @@ def _safe(text: str, stops: list[str]) -> int:
     return len(text)
 
 
+def _replies(state, rows: int) -> list:
+    """Each row's :class:`~continuous.Reply`, or ``None`` for all when one was cut short (it stays text)."""
+    try:
+        return _flat(state.value, rows)
+    except ValueError:
+        return [None] * rows
+
+
+def _calls(row: Row, reply) -> None:
+    """A reply's calls in OpenAI's form, its text beside them (a reply cut short stays text)."""
+    if reply is None:
+        return
+    row.text = reply.text
+    if reply.calls:
+        row.tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                           "function": {"name": c.name, "arguments": json.dumps(_plain(c.arguments))}}
+                          for c in reply.calls]
+        row.finish_reason = "tool_calls"
+
+
+def _plain(arguments):
+    return arguments.model_dump(mode="json") if hasattr(arguments, "model_dump") else arguments
+
+
 def _without_stop(text: str, stops: list[str]) -> str:
     """``text`` less the stop string it ends with (the longest, which began first)."""
     ending = [s for s in stops if text.endswith(s)]
@@ -157,8 +203,9 @@ class Served:
         Most requests running or waiting at once; more are refused (429).
     """
 
-    def __init__(self, model, name: str, max_queue: int):
+    def __init__(self, model, name: str, max_queue: int, think: bool | int | None = None):
         self.model, self.name, self.max_queue = model, name, max_queue
+        self.think = think  # every generator's think=: its answers think first
         self.created = int(time.time())
         self.in_flight = 0
         self._generators: OrderedDict[tuple, ContinuousGenerator] = OrderedDict()
@@ -179,19 +226,23 @@ class Served:
         stats = self.model.stats
         return {f.name: getattr(stats, f.name) for f in fields(stats) if not f.name.startswith("_")}
 
-    def chat_prompt(self, messages: list[dict]) -> str:
-        """The messages in the model's chat template, ending with the assistant's opening."""
+    def chat_prompt(self, messages: list[dict], generator: ContinuousGenerator | None = None) -> str:
+        """The messages in the model's chat template, ending with the assistant's opening (with
+        the tools, for a tools ``generator``)."""
         from jinja2 import TemplateError
 
         if getattr(self.model.tokenizer, "chat_template", None) is None:
             raise RequestError("this model has no chat template: use /v1/completions, or start the server "
                                "with --chat-template FILE", param="messages")
         try:
+            if generator is not None and generator.generator.kind == "tools":
+                return generator.generator.prompt(messages)
             return chat.prompt(self.model, messages)
         except TemplateError as exc:  # the template's own checks (roles that must alternate...)
             raise RequestError(f"the chat template refused the messages: {exc}", param="messages") from exc
 
-    def call(self, prompts: list[str], request, limit: int | None, logprobs: int | None, param: str) -> Call:
+    def call(self, prompts: list[str], request, limit: int | None, logprobs: int | None, param: str,
+             generator: ContinuousGenerator | None = None) -> Call:
         """A request's call, checked: prompts within the context, a valid format, sound options."""
         counts = [self._count(p, limit, param) for p in prompts]
         sampling = {"temperature": request.temperature, "top_p": request.top_p}
@@ -199,8 +250,8 @@ class Served:
             sampling = {"temperature": 0}  # greedy, whatever top_p says
         options = dict(max_tokens=limit, stop_at=request.stops or None, seed=request.seed, logprobs=logprobs,
                        **{k: v for k, v in sampling.items() if v is not None})
-        return Call(self.generator(request.response_format, request.n), prompts, counts, request.n,
-                    request.stops, options)
+        generator = generator or self.generator(request.response_format, request.n)
+        return Call(generator, prompts, counts, request.n, request.stops, options)
 
     def _count(self, prompt: str, limit: int | None, param: str) -> int:
         """The prompt's tokens (as the call will encode it), refused when the context cannot hold the call."""
@@ -219,19 +270,34 @@ class Served:
         schema = {"type": "object"} if kind == "json_object" else None
         if kind == "json_schema":
             schema = response_format.json_schema.schema_
-        key = (kind, json.dumps(schema, sort_keys=True), n)
+        if schema is None:
+            return self._kept(("text", n), lambda sampler: generate.text(self.model, sampler, think=self.think))
+        return self._kept((kind, json.dumps(schema, sort_keys=True), n),
+                          lambda sampler: generate.json(self.model, schema, sampler, think=self.think),
+                          "the JSON schema cannot be used", "response_format", "invalid_json_schema")
+
+    def tools_generator(self, tools: list[dict], tool_choice, n: int) -> ContinuousGenerator:
+        """The generator of replies that may call ``tools`` (OpenAI's dicts), built once and kept."""
+        if isinstance(tool_choice, dict):  # {"type": "function", "function": {"name": ...}}
+            tool_choice = (tool_choice.get("function") or {}).get("name")
+        choice = tool_choice if tool_choice is not None else "auto"
+        return self._kept(("tools", json.dumps(tools, sort_keys=True), str(choice), n),
+                          lambda sampler: generate.tools(self.model, tools, choice, sampler, think=self.think),
+                          "the tools cannot be used", "tools", "invalid_tools")
+
+    def _kept(self, key: tuple, build, refusal: str = "", param: str | None = None, code: str | None = None
+              ) -> ContinuousGenerator:
+        """The generator of ``key``, built (with ``n`` samples) once and kept; a failure to build it
+        is the request's (``refusal``, ``param``, ``code`` say how)."""
         if key in self._generators:
             self._generators.move_to_end(key)
             return self._generators[key]
-        sampler = samplers.multinomial(n)
-        if schema is None:
-            made = generate.text(self.model, sampler)
-        else:
-            try:
-                made = generate.json(self.model, schema, sampler)
-            except Exception as exc:  # built from the request's schema alone: any failure is the schema's
-                raise RequestError(f"the JSON schema cannot be used: {exc}", param="response_format",
-                                   code="invalid_json_schema") from exc
+        try:
+            made = build(samplers.multinomial(key[-1]))
+        except Exception as exc:  # built from the request's own schema or tools: a failure is theirs
+            if not refusal:
+                raise
+            raise RequestError(f"{refusal}: {exc}", param=param, code=code) from exc
         self._generators[key] = continuous(made)
         if len(self._generators) > GENERATORS_KEPT:
             self._generators.popitem(last=False)

@@ -214,7 +214,7 @@ BAD = {
     "top_logprobs without logprobs": ({"messages": MESSAGES, "top_logprobs": 2}, 400, None),
     "empty stop": ({"messages": MESSAGES, "stop": [""]}, 400, "stop"),
     "a penalty": ({"messages": MESSAGES, "frequency_penalty": 0.5}, 400, "frequency_penalty"),
-    "tools": ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    "tool_choice without tools": ({"messages": MESSAGES, "tool_choice": "auto"}, 400, "tool_choice"),
     "another model": ({"messages": MESSAGES, "model": "gpt-4o"}, 404, "model"),
 }
 
