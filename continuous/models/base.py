@@ -33,12 +33,18 @@ class Stats:
     tokens_rewound
         Forwarded tokens that a rewind (``ban=``) took back: counted in
         ``tokens_forwarded`` too, they are the cost of backtracking.
+    tokens_drafted
+        Tokens a speculative call proposed and the model checked (``speculate=``).
+    tokens_accepted
+        Drafted tokens the check kept.
     """
 
     tokens_forwarded: int = 0
     forward_calls: int = 0
     positions_forwarded: int = 0
     tokens_rewound: int = 0
+    tokens_drafted: int = 0
+    tokens_accepted: int = 0
     # Threads share a model: every update holds the lock, so no count is lost.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -59,6 +65,12 @@ class Stats:
         """Count forwarded tokens that a rewind took back."""
         with self._lock:
             self.tokens_rewound += tokens
+
+    def record_draft(self, drafted: int, accepted: int) -> None:
+        """Count ``drafted`` tokens checked in one forward, of which ``accepted`` were kept."""
+        with self._lock:
+            self.tokens_drafted += drafted
+            self.tokens_accepted += accepted
 
     def snapshot(self) -> dict:
         """The counters as a dict, to compare before and after an operation."""
