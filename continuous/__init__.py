@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     "continuous", "ContinuousGenerator", "SequenceState", "generate", "models", "samplers", "chat", "hf",
     "SampleMismatch", "BatchMismatch", "SlicingError", "CacheResetWarning",
-    "SampleMismatchError", "BatchMismatchError", "BanExhausted", "ContextWarning",
+    "SampleMismatchError", "BatchMismatchError", "BanExhausted", "ContextWarning", "PromptLookup",
 ]
 
 # Imported on first use: a swarm server (`python -m continuous.server`) needs none of
@@ -31,6 +31,7 @@ __all__ = [
 _LAZY = {
     "continuous": ".wrapper", "ContinuousGenerator": ".wrapper", "SequenceState": ".state",
     "generate": ".generate", "models": ".models", "samplers": ".samplers", "chat": ".chat", "hf": ".hf",
+    "PromptLookup": ".decode.speculate",
 }
 
 
