@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .decode import Decoding, Generation, Options
+from .decode.speculate import as_drafter, check_speculation
 from .errors import SampleMismatch
 from .generate.base import SequenceGenerator, make
 from .generate.types import parser_of
@@ -101,7 +102,8 @@ class ContinuousGenerator:
                  seed: int | None = None, rng: torch.Generator | None = None, heal: bool = False, *,
                  sampler: Sampler | None = None, temperature: float | None = None, top_p: float | None = None,
                  top_k: int | None = None, min_p: float | None = None, repetition_penalty: float | None = None,
-                 logits_processors: Sequence[Any] | None = None, logprobs: int | None = None) -> SequenceState:
+                 logits_processors: Sequence[Any] | None = None, logprobs: int | None = None,
+                 speculate: Any = None) -> SequenceState:
         """Generate from prompts or continue a state.
 
         Parameters
@@ -136,6 +138,14 @@ class ContinuousGenerator:
         logprobs
             Keep each generated token's log-probability and its ``logprobs`` likeliest
             alternatives with theirs, in :attr:`SequenceState.logprobs`.
+        speculate
+            Speculative decoding: ``continuous.PromptLookup(k=8, ngram=3)`` drafts by copying
+            from the row's own text, and a ``models.transformers`` model sharing the
+            tokenizer drafts as an assistant. Each step forwards the drafted tokens with its
+            own and keeps those the model would have chosen: greedy outputs are the same as
+            without it, sampled ones have the same distribution. Not with beam search,
+            ``logits_processors`` or ``repetition_penalty``. ``model.stats.tokens_drafted``
+            and ``tokens_accepted`` count the drafts.
 
         Returns
         -------
@@ -143,7 +153,7 @@ class ContinuousGenerator:
             The input continued; ``value`` holds this call's typed results.
         """
         return self._stream(prompt, max_tokens, stop_at, seed, rng, heal, sampler, temperature, top_p, top_k,
-                            min_p, repetition_penalty, logits_processors, logprobs).run()
+                            min_p, repetition_penalty, logits_processors, logprobs, speculate).run()
 
     def stream(self, prompt, *args, **kwargs) -> "Stream":
         """Like ``__call__`` (same arguments), but yield the text of each new token as it is generated.
@@ -184,7 +194,7 @@ class ContinuousGenerator:
 
     def _stream(self, prompt, max_tokens=None, stop_at=None, seed=None, rng=None, heal=False, sampler=None,
                 temperature=None, top_p=None, top_k=None, min_p=None, repetition_penalty=None,
-                logits_processors=None, logprobs=None) -> "Stream":
+                logits_processors=None, logprobs=None, speculate=None) -> "Stream":
         """Check a call's arguments (now, not when the steps run) and return its steps."""
         model = self.generator.model
         sampler = self._sampler(sampler, temperature, top_p, top_k, min_p)
@@ -196,7 +206,8 @@ class ContinuousGenerator:
                           rng=_check_rng(seed, rng), fast_forward=self.fast_forward, bans=self.generator.ban,
                           heal=bool(heal), fork=samples if samples_in == 1 else 1,
                           processors=_processors(repetition_penalty, logits_processors),
-                          logprobs=_check_count(logprobs, "logprobs"))
+                          logprobs=_check_count(logprobs, "logprobs"), speculate=as_drafter(speculate, model))
+        check_speculation(options.speculate, sampler, options.processors)
 
         def start() -> Decoding:
             return Decoding(model, rows, weights.reshape(-1), self.generator.constraint, sampler, options)

@@ -38,6 +38,7 @@ from .processors import (
     run,
 )
 from .rows import MAX_REWINDS, RowState, StopStrings, warn_exhausted
+from .speculate import Speculation, check_speculation
 
 __all__ = ["Generation", "Options", "Decoding"]
 
@@ -83,6 +84,10 @@ class Options:
     logprobs
         Record each generated token's log-probability and this many likeliest alternatives
         (``None``: record nothing).
+    speculate
+        A drafter (:class:`~continuous.decode.speculate.PromptLookup` or
+        :class:`~continuous.decode.speculate.DraftModel`): each step forwards its drafts
+        with the step's tokens and keeps what the model would have chosen.
     """
 
     max_tokens: int | None = None
@@ -94,6 +99,7 @@ class Options:
     fork: int = 1
     processors: Sequence[Any] = ()
     logprobs: int | None = None
+    speculate: Any = None
 
 
 class Decoding:
@@ -109,6 +115,7 @@ class Decoding:
         if options.bans is not None and sampler.joint and sampler.samples > 1:
             raise ValueError("ban= does not work with beam search: a rewind would have to re-rank every beam; "
                              "use greedy or multinomial sampling")
+        check_speculation(options.speculate, sampler, options.processors)
         check_context(model, rows, 1)
         removed = [""] * rows.n_rows
         if options.heal and options.max_tokens != 0:  # with no token to generate, nothing could re-spell
@@ -151,7 +158,8 @@ class Decoding:
         # The queued step's input is the sampled token whatever the constraint: its mask for
         # the next step is filled on the host while the device runs the step. Beams reorder
         # rows at every step, so they would give back nearly every queued step.
-        self.overlap = model.overlap and not sampler.joint
+        self.overlap = model.overlap and not sampler.joint and options.speculate is None
+        self.speculation = None if options.speculate is None else Speculation(options.speculate, sampler, options.rng)
 
     def _watchers(self, constraint, before: str) -> list:
         """What watches a row's text for matches to rewind on: the bans, and what the constraint
@@ -167,6 +175,8 @@ class Decoding:
             running = not any(row.finished for row in self.rows)
             scores = run(self.processors, Scores(self.logits, self.weights, step, self.rows))
             ids, ancestors, weights = self.sampler(scores.logits, scores.rank, self._rng())
+            if self.speculation is not None:
+                ids, weights = self.speculation.override(ids, weights, self.weights)
             self.step_logprobs.append(weights - self.weights[ancestors])
             self.weights = weights
             # The one transfer of the step: ids, ancestors and which rows are left with no allowed token.
@@ -179,20 +189,28 @@ class Decoding:
             ids_h, ancestors_h, dead = read()
             if ancestors_h != identity:
                 self._reorder(ancestors_h, ancestors)
-            chunks, rewound = self._advance(ids_h, dead, step, self._read_logprobs(scores, ancestors))
+            chunks, rewound = self._advance(ids_h, dead, len(self.step_logprobs) - 1,
+                                            self._read_logprobs(scores, ancestors))
             step += 1
+            drafts = self.speculation.draft(self, chunks) if self.speculation is not None else None
+            sent = [c + d for c, d in zip(chunks, drafts)] if drafts else chunks
             # The common step (one sampled token per row, as sampled) takes the ids where
             # they already are: no host-to-device copy, which would wait for the device.
-            plain = all(c == [t] for c, t in zip(chunks, ids_h))
-            slots, new_ids = self.grid.append(chunks, plain, any(row.rewinds for row in self.rows))
-            for row, taken in zip(self.rows, slots):
-                row.slots.extend(taken)
+            plain = all(c == [t] for c, t in zip(sent, ids_h))
+            slots, new_ids = self.grid.append(sent, plain, any(row.rewinds for row in self.rows),
+                                              drafted=drafts and list(map(len, drafts)))
+            for row, taken, chunk in zip(self.rows, slots, chunks):
+                row.slots.extend(taken[: len(chunk)])
+            if drafts:
+                self.speculation.place(slots, chunks)
             self.unforwarded = chunks  # until the forward below: a snapshot's rows recompute them
             try:
                 yield [row.release() for row in self.rows]
             except GeneratorExit:
                 if queued is not None:
                     queued.give_back(count=False)
+                if self.speculation is not None:
+                    self.speculation.cancel(self)
                 raise
             if rewound:
                 self.model.stats.record_rewound(rewound)
@@ -206,7 +224,10 @@ class Decoding:
             if finished:
                 break
             if any(chunks):  # else every row went back to the start of the call: its logits are kept
-                self._forward(ids[:, None] if plain else new_ids, sum(map(len, chunks)), plain)
+                keep = 1 + max(map(len, drafts)) if drafts else 1
+                logits = self._forward(ids[:, None] if plain else new_ids, sum(map(len, sent)), plain, keep)
+                if keep > 1:
+                    self.speculation.verify(self, logits)
             self.unforwarded = None
         for row in self.rows:  # a character left incomplete ends the text as replacement characters
             row.flush()
@@ -325,13 +346,15 @@ class Decoding:
             self.logits[r] = self.start_logits[r]
         return chunk, rewound
 
-    def _forward(self, ids, n_real: int, plain: bool) -> None:
-        """Forward the step's new slots; each row's logits are those after its newest token."""
+    def _forward(self, ids, n_real: int, plain: bool, keep: int = 1) -> torch.Tensor:
+        """Forward the step's new slots; each row's logits are those after its newest token.
+        Returns the logits of the last ``keep`` slots (drafts are checked on them)."""
         grid, device = self.grid, self.logits.device
         inputs = ids if plain else torch.tensor(ids, device=device)
         logits, self.cache = self.model.forward(inputs, None if grid.all_real else grid.attention_mask, self.cache,
-                                                logits_to_keep=1, n_real=n_real, holes=grid.holes)
+                                                logits_to_keep=keep, n_real=n_real, holes=grid.holes)
         self.logits = logits[:, -1] if plain else torch.where(grid.last_real[:, -1:], logits[:, -1], self.logits)
+        return logits
 
     def _read_logprobs(self, scores: Scores, ancestors: torch.Tensor) -> list | None:
         """Per row, the sampled token's log-probability (what its weight gained) and the
@@ -366,6 +389,8 @@ class Decoding:
         else:
             out = out.edit([(len(e), [], [], t) for e, t in zip(ends, texts)])
         matchers = self.constraints.matchers
+        if matchers is not None and self.speculation is not None:
+            matchers = self.speculation.undrafted(matchers)
         complete = [m.accepting() for m in matchers] if matchers is not None else None
         reasons = [row.reason for row in rows]
         if "context" in reasons and not self.warned:
