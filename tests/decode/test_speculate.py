@@ -102,8 +102,9 @@ def test_a_residual_never_draws_what_has_no_mass_left():
 # Calls
 
 
-def drafters(model, other):
-    return [PromptLookup(k=4, ngram=2), DraftModel(model, k=3), DraftModel(other, k=3)]
+def drafters(model, other=None):
+    """Prompt lookup (some drafts kept), the model drafting for itself (all kept), another model (few kept)."""
+    return [PromptLookup(k=4, ngram=2), DraftModel(model, k=3)] + ([DraftModel(other, k=2)] if other else [])
 
 
 def same(a, b):
@@ -127,10 +128,10 @@ KINDS = {
 def test_greedy_outputs_do_not_change(model, other, kind):
     gen = continuous(KINDS[kind](model))
     prompt = ["the cat sat the cat sat the cat", "abab cd abab cd -123 ab"]
-    plain = gen(prompt, max_tokens=30)
+    plain = gen(prompt, max_tokens=20)
     for drafter in drafters(model, other):
         model.stats.reset()
-        state = gen(prompt, max_tokens=30, speculate=drafter)
+        state = gen(prompt, max_tokens=20, speculate=drafter)
         same(plain, state)
         assert model.stats.tokens_accepted <= model.stats.tokens_drafted
 
@@ -149,25 +150,33 @@ def test_a_draft_model_that_is_the_model_is_always_right(model):
     assert model.stats.forward_calls <= 1 + math.ceil(24 / 5)  # the prefill, then k + 1 tokens a forward
 
 
-def test_bans_stops_healing_and_no_fast_forward_see_only_kept_text(model, other):
+GENERATORS = {
+    "bans": lambda m, banned: continuous(generate.text(m, ban=banned)),
+    "text-no-ff": lambda m, banned: continuous(generate.text(m), fast_forward=False),
+    "json-no-ff-bans": lambda m, banned: continuous(generate.json(m, Item, whitespace_pattern=WS, ban=["9"]),
+                                                    fast_forward=False),
+}
+
+
+@pytest.mark.parametrize("kind", list(GENERATORS))
+def test_bans_stops_healing_and_no_fast_forward_see_only_kept_text(model, kind):
     prompt = "User: Tell me about Omar. Omar is Omar.\nAssistant:"
-    free = continuous(generate.text(model))(prompt, max_tokens=24).value
+    free = continuous(generate.text(model))(prompt, max_tokens=16).value
     banned = [w for w in free.split() if len(w) >= 3][:2]
     assert banned
-    stop = free[10:13]
-    for gen in (continuous(generate.text(model, ban=banned)), continuous(generate.text(model), fast_forward=False),
-                continuous(generate.json(model, Item, whitespace_pattern=WS), fast_forward=False)):
-        for kwargs in ({}, {"stop_at": stop}, {"heal": True}, {"logprobs": 2}):
-            plain = gen(prompt, max_tokens=24, **kwargs)
-            for drafter in drafters(model, other):
-                state = gen(prompt, max_tokens=24, speculate=drafter, **kwargs)
-                same(plain, state)
-                if "logprobs" in kwargs:
-                    mine, theirs = state.logprobs[0], plain.logprobs[0]
-                    assert [t for t, _, _ in mine] == [t for t, _, _ in theirs]
-                    assert [lp for _, lp, _ in mine] == pytest.approx([lp for _, lp, _ in theirs], abs=1e-3)
-                streamed = "".join(gen.stream(prompt, max_tokens=24, speculate=drafter, **kwargs))
-                assert streamed == "".join(gen.stream(prompt, max_tokens=24, **kwargs))
+    gen = GENERATORS[kind](model, banned)
+    for kwargs in ({}, {"stop_at": free[6:9]}, {"heal": True}, {"logprobs": 2}):
+        plain = gen(prompt, max_tokens=16, **kwargs)
+        for drafter in drafters(model):
+            state = gen(prompt, max_tokens=16, speculate=drafter, **kwargs)
+            same(plain, state)
+            if "logprobs" in kwargs:
+                mine, theirs = state.logprobs[0], plain.logprobs[0]
+                assert [t for t, _, _ in mine] == [t for t, _, _ in theirs]
+                assert [lp for _, lp, _ in mine] == pytest.approx([lp for _, lp, _ in theirs], abs=1e-3)
+            if not kwargs:
+                streamed = "".join(gen.stream(prompt, max_tokens=16, speculate=drafter))
+                assert streamed == "".join(gen.stream(prompt, max_tokens=16))
 
 
 def test_the_state_continues_and_slices_as_without_speculation(model):
@@ -197,8 +206,11 @@ def test_sampling_keeps_the_distribution(model, tokenizer):
             counts.update(value[0] if isinstance(value[0], list) else value)
         return counts
 
-    plain, drafted = histogram(), histogram(speculate=PromptLookup(k=4, ngram=2))
-    assert model.stats.tokens_drafted > 0
+    plain = histogram()
+    before = model.stats.snapshot()
+    drafted = histogram(speculate=PromptLookup(k=4, ngram=2))
+    assert model.stats.tokens_drafted > before["tokens_drafted"]
+    assert model.stats.tokens_accepted > before["tokens_accepted"]  # both of the rule's branches ran
     keys = [k for k in set(plain) | set(drafted) if plain[k] + drafted[k] >= 10]
     n1, n2 = sum(plain.values()), sum(drafted.values())
     # Two-sample chi-square over the frequent outcomes.
@@ -220,3 +232,33 @@ def test_what_speculation_refuses(model, tokenizer):
     foreign = models.transformers(build_llama(small, "tiny", seed=0, max_position_embeddings=512), small)
     with pytest.raises(ValueError, match="tokenizer"):
         gen("a", speculate=foreign)
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_extraction_on_a_trained_model_is_unchanged_and_takes_fewer_forwards():
+    from support.real import smollm2
+
+    from continuous import chat
+
+    class Ticket(BaseModel):
+        customer: str
+        order_number: str
+        city: str
+
+    real = models.transformers(smollm2())
+    message = ("Hello, my name is Maria Lopez and I live in Valencia. My order A-48213 arrived with a broken lid. "
+               "Please send a new one to Maria Lopez, Valencia, order A-48213.")
+    prompt = chat.prompt(real, [{"role": "user", "content": "Extract customer, order_number and city as JSON: "
+                                 + message}])
+    gen = continuous(generate.json(real, Ticket))
+    base = gen(prompt, max_tokens=0)
+    before = real.stats.forward_calls
+    plain = gen(base, max_tokens=60)
+    calls = real.stats.forward_calls - before
+    before = real.stats.forward_calls
+    state = gen(base, max_tokens=60, speculate=PromptLookup())
+    same(plain, state)
+    assert state.value.order_number == "A-48213"
+    assert real.stats.forward_calls - before < calls
+    same(gen(state + "\n", max_tokens=8), gen(plain + "\n", max_tokens=8))
