@@ -24,6 +24,7 @@ __all__ = [
     "continuous", "ContinuousGenerator", "SequenceState", "generate", "models", "samplers", "chat", "hf",
     "SampleMismatch", "BatchMismatch", "SlicingError", "CacheResetWarning",
     "SampleMismatchError", "BatchMismatchError", "BanExhausted", "ContextWarning", "Think", "Reply", "ToolCall",
+    "PromptLookup",
 ]
 
 # Imported on first use: a swarm server (`python -m continuous.server`) needs none of
@@ -32,6 +33,7 @@ _LAZY = {
     "continuous": ".wrapper", "ContinuousGenerator": ".wrapper", "SequenceState": ".state",
     "generate": ".generate", "models": ".models", "samplers": ".samplers", "chat": ".chat", "hf": ".hf",
     "Think": ".think", "Reply": ".generate.tools", "ToolCall": ".generate.tools",
+    "PromptLookup": ".decode.speculate",
 }
 
 

@@ -84,7 +84,7 @@ def _signature(self, prompt, max_tokens: int | None = None, stop_at: str | Seque
                seed: int | None = None, rng: torch.Generator | None = None, heal: bool = False, *,
                sampler: Sampler | None = None, temperature: float | None = None, top_p: float | None = None,
                top_k: int | None = None, min_p: float | None = None, repetition_penalty: float | None = None,
-               logits_processors: Sequence[Any] | None = None, logprobs: int | None = None):
+               logits_processors: Sequence[Any] | None = None, logprobs: int | None = None, speculate: Any = None):
     """The arguments of a call (``__call__``, ``stream``, ``acall`` and ``astream``)."""
 
 
@@ -123,6 +123,15 @@ _ARGUMENTS = """
         logprobs
             Keep each generated token's log-probability and its ``logprobs`` likeliest
             alternatives with theirs, in :attr:`SequenceState.logprobs`.
+        speculate
+            Speculative decoding: ``continuous.PromptLookup(k=8, ngram=3)`` drafts by copying
+            from the row's own text (prompt and output), and a ``models.transformers`` model
+            sharing the tokenizer (or ``continuous.decode.speculate.DraftModel(model, k)``)
+            drafts as an assistant. Each step forwards the drafted tokens with its own and
+            keeps those the model would have chosen: greedy outputs are the same as without
+            it, sampled ones have the same distribution. Not with beam search,
+            ``logits_processors`` or ``repetition_penalty``. ``model.stats.tokens_drafted``
+            and ``tokens_accepted`` count the drafts.
 
         Raises
         ------

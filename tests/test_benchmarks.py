@@ -26,6 +26,8 @@ KEYS = {
     "real": {"multiturn": None, "json": {"ms_per_output_token", "forward_calls", "correct_fields"}},
     "backtrack": {"tokens": {"continuous", "regenerate", "crop"}, "banned_found": None},
     "fastforward": {"ms_per_output_token": {"free", "json", "json_ff"}, "forward_calls": {"json", "json_ff"}},
+    "speculative": {"ms_per_output_token": {"token", "ff", "lookup_ff", "hf", "hf_lookup"},
+                    "forwards_per_output_token": {"token", "ff", "lookup_ff", "hf", "hf_lookup"}},
 }
 
 
@@ -136,6 +138,15 @@ def test_real_model_chat_forwards_what_the_ideal_loop_does_and_extracts_right():
     assert chat["tokens"]["continuous"] == chat["tokens"]["ideal"] and chat["same_answers_as_ideal"]
     assert extraction["correct_fields"] == "9/9"
     assert extraction["forward_calls"]["json_ff"] < extraction["forward_calls"]["json"]
+
+
+@pytest.mark.real
+def test_speculative_extraction_keeps_the_outputs_and_drafts_from_the_message():
+    result = run("speculative")
+    assert result["same_outputs"]
+    assert result["drafted"] >= result["accepted"] > 0
+    calls = result["forwards_per_output_token"]
+    assert calls["lookup_ff"] < calls["ff"] < calls["token"]
 
 
 def test_jsonschema_counts_what_reaches_the_user(tmp_path):

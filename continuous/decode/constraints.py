@@ -52,7 +52,7 @@ class RowConstraints:
         if matchers is None and constraint is not None:
             matchers = [constraint.matcher() for _ in range(rows)]
         self.matchers = matchers
-        self.vocab_size, self.eos, self.device = vocab_size, eos, device
+        self.vocab_size, self.n_tokens, self.eos, self.device = vocab_size, n_tokens, eos, device
         self.also_eos = sorted(set(also_eos) - {eos})
         self.bitmask = torch.zeros((rows, bits.words(vocab_size)), dtype=torch.int32,
                                    pin_memory=device.type == "cuda")
@@ -91,7 +91,12 @@ class RowConstraints:
         """Boolean ``[rows, vocab_size]`` on the device, or ``None`` when every token is allowed."""
         if self.matchers is None:
             return self.free
-        allowed = bits.unpack(self.bitmask.to(self.device, non_blocking=True), self.vocab_size)
+        return self.unpacked(self.bitmask)
+
+    def unpacked(self, bitmask: torch.Tensor) -> torch.Tensor:
+        """Boolean ``[n, vocab_size]`` on the device of packed rows like :attr:`bitmask`'s (or copies
+        of them kept from earlier positions)."""
+        allowed = bits.unpack(bitmask.to(self.device, non_blocking=True), self.vocab_size)
         if self.also_eos:
             allowed[:, self.also_eos] = allowed[:, self.eos, None].clone()
         return allowed if self.free is None else allowed & self.free

@@ -32,6 +32,7 @@ from .prefill import check_context, top_up
 from .processors import pipeline, run
 from .result import Generation, logprob_texts, rows_after
 from .rows import RowState
+from .speculate import Speculation
 
 __all__ = ["Generation", "Decoding"]
 
@@ -86,7 +87,9 @@ class Decoding:
         # The queued step's input is the sampled token whatever the constraint: its mask for
         # the next step is filled on the host while the device runs the step. Beams reorder
         # rows at every step, so they would give back nearly every queued step.
-        self.overlap = model.overlap and not self.sampler.joint
+        self.overlap = model.overlap and not self.sampler.joint and options.speculate is None
+        self.speculation = None if options.speculate is None else Speculation(options.speculate, self.sampler,
+                                                                               options.rng)
         # This call's place among the calls sharing the model's forward passes, until it
         # ends; parked until its consumer asks for the first piece.
         self.turn = model.scheduler.join(parked=True)
@@ -112,6 +115,8 @@ class Decoding:
             running = not any(row.finished for row in batch.rows)
             scores = run(self.processors, batch.logits, batch.weights, step, [row.view() for row in batch.rows])
             ids, ancestors, weights = self.sampler(scores.logits, scores.rank, self._rng())
+            if self.speculation is not None:  # tokens that checks of drafts decided
+                ids, weights = self.speculation.override(ids, weights, batch.weights)
             # The one transfer of the step: ids, ancestors and which rows are left with no allowed token.
             no_token = scores.logits[ancestors, ids] == -torch.inf
             read = to_host(torch.stack([ids, ancestors, no_token.long()]))
@@ -130,12 +135,15 @@ class Decoding:
             batch.weights = weights
             chunks, rewound = self.advance(ids_h, dead, step, self._read_logprobs(scores, ancestors, step))
             step += 1
+            drafts = self.speculation.draft(self, chunks) if self.speculation is not None else [[]] * len(chunks)
+            sent = [c + d for c, d in zip(chunks, drafts)]
             # The common step (one sampled token per row, as sampled) takes the ids where
             # they already are: no host-to-device copy, which would wait for the device.
-            plain = all(c == [t] for c, t in zip(chunks, ids_h))
-            slots, new_ids = self.grid.append(chunks, plain, any(row.history.rewinds for row in batch.rows))
-            for row, taken in zip(batch.rows, slots):
-                row.history.slots.extend(taken)
+            plain = all(c == [t] for c, t in zip(sent, ids_h))
+            slots, new_ids = self.grid.append(sent, plain, any(row.history.rewinds for row in batch.rows),
+                                              list(map(len, drafts)))
+            for row, taken, chunk in zip(batch.rows, slots, chunks):
+                row.history.slots.extend(taken[: len(chunk)])  # drafted slots join once kept
             self.unforwarded = chunks  # until the forward below: a snapshot's rows recompute them
             try:
                 self.turn.park()  # the consumer holds the piece: other calls do not wait for this one
@@ -157,7 +165,10 @@ class Decoding:
             if finished:
                 break
             if any(chunks):  # else every row went back to the start of the call: its logits are kept
-                self._forward(ids[:, None] if plain else new_ids, sum(map(len, chunks)), plain)
+                keep = 1 + max(map(len, drafts))  # the drafts are checked on their logits
+                logits = self._forward(ids[:, None] if plain else new_ids, sum(map(len, sent)), plain, keep)
+                if self.speculation is not None:
+                    step += self.speculation.verify(self, logits, step)
             self.unforwarded = None
         for row in batch.rows:  # a character left incomplete ends the text as replacement characters
             row.flush()
@@ -178,13 +189,15 @@ class Decoding:
                           for row, single in zip(self.batch.rows, self.batch.constraints.single)]
         return draws
 
-    def _forward(self, ids, n_real: int, plain: bool) -> None:
-        """Forward the step's new slots; each row's logits are those after its newest token."""
+    def _forward(self, ids, n_real: int, plain: bool, keep: int) -> torch.Tensor:
+        """Forward the step's new slots; each row's logits are those after its newest slot.
+        Returns the logits of the last ``keep`` slots."""
         batch, grid = self.batch, self.grid
         inputs = ids if plain else torch.tensor(ids, device=batch.logits.device)
         logits, batch.cache = self.model.forward(inputs, None if grid.all_real else grid.attention_mask,
-                                                 batch.cache, logits_to_keep=1, n_real=n_real, holes=grid.holes)
+                                                 batch.cache, logits_to_keep=keep, n_real=n_real, holes=grid.holes)
         batch.logits = logits[:, -1] if plain else torch.where(grid.last_real[:, -1:], logits[:, -1], batch.logits)
+        return logits
 
     def _read_logprobs(self, scores, ancestors: torch.Tensor, step: int) -> list | None:
         """Per row, the sampled token's log-probability (what its weight gained) and the

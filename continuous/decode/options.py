@@ -9,6 +9,7 @@ import torch
 
 from ..errors import SampleMismatch
 from ..samplers import Greedy, Multinomial, Sampler, check_seed
+from .speculate import as_drafter, check_speculation
 
 __all__ = ["Options", "check_rewinds"]
 
@@ -59,6 +60,10 @@ class Options:
     logprobs
         Record each generated token's log-probability and this many likeliest alternatives
         (``None``: record nothing).
+    speculate
+        A drafter (:class:`~continuous.decode.speculate.PromptLookup` or
+        :class:`~continuous.decode.speculate.DraftModel`, ``None``: none): each step forwards
+        each row's draft after its tokens and keeps what the model would have chosen.
     """
 
     sampler: Sampler = Greedy()
@@ -71,11 +76,13 @@ class Options:
     fork: int = 1
     processors: tuple = ()
     logprobs: int | None = None
+    speculate: Any = None
 
     @classmethod
     def from_call(cls, generator, samples_in: int = 1, fast_forward: bool = True, *, max_tokens=None, stop_at=None,
                   seed=None, rng=None, heal=False, sampler=None, temperature=None, top_p=None, top_k=None,
-                  min_p=None, repetition_penalty=None, logits_processors=None, logprobs=None) -> "Options":
+                  min_p=None, repetition_penalty=None, logits_processors=None, logprobs=None,
+                  speculate=None) -> "Options":
         """Check a call's arguments (the generator's ``__call__`` documents them) and build its options.
 
         Parameters
@@ -99,9 +106,12 @@ class Options:
         check_rewinds(chosen, generator.ban, generator.constraint)
         if generator.scorer is not None and heal:
             raise ValueError("choice scores are of the options after the prompt as it is: call without heal=")
+        processors = _processors(repetition_penalty, logits_processors)
+        drafter = as_drafter(speculate, generator.model)
+        check_speculation(drafter, chosen, processors)
         return cls(chosen, _check_count(max_tokens, "max_tokens"), _check_stop_at(stop_at), _check_rng(seed, rng),
                    fast_forward, generator.ban, bool(heal), chosen.samples if samples_in == 1 else 1,
-                   _processors(repetition_penalty, logits_processors), _check_count(logprobs, "logprobs"))
+                   processors, _check_count(logprobs, "logprobs"), drafter)
 
 
 def _sampler(generator, sampler, shorthand: dict) -> Sampler:

@@ -35,6 +35,10 @@ class Stats:
         ``tokens_forwarded`` too, they are the cost of backtracking.
     tokens_cached
         Prompt tokens the prefix cache supplied: not forwarded.
+    tokens_drafted
+        Tokens a speculative call proposed and the model checked (``speculate=``).
+    tokens_accepted
+        Drafted tokens the check kept.
     """
 
     tokens_forwarded: int = 0
@@ -42,6 +46,8 @@ class Stats:
     positions_forwarded: int = 0
     tokens_rewound: int = 0
     tokens_cached: int = 0
+    tokens_drafted: int = 0
+    tokens_accepted: int = 0
     # Threads share a model: every update holds the lock, so no count is lost.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -67,6 +73,12 @@ class Stats:
         """Count prompt tokens that the prefix cache supplied."""
         with self._lock:
             self.tokens_cached += tokens
+
+    def record_draft(self, drafted: int, accepted: int) -> None:
+        """Count ``drafted`` tokens checked in one forward, of which ``accepted`` were kept."""
+        with self._lock:
+            self.tokens_drafted += drafted
+            self.tokens_accepted += accepted
 
     def snapshot(self) -> dict:
         """The counters as a dict, to compare before and after an operation."""
