@@ -66,26 +66,18 @@ class Grid:
         self.columns[slot][row] = self.pad
         self.attention_mask[row, self.width0 + slot] = 0
 
-    def keep(self, row: int, slot: int, token: int) -> None:
-        """A drafted token's slot holds a kept token (the host sees it from now on)."""
-        self.reals[slot][row] = True
-        self.columns[slot][row] = token
-
     def reject(self, row: int, slot: int) -> None:
-        """A drafted token's slot becomes a hole: the model did not keep it."""
+        """A drafted token's slot becomes a hole: the model did not keep it (the row ends in a hole)."""
         self.hole_at(row, slot)
         self.trailing[row] = True
         self.all_real = False
 
-    def append(self, chunks: list[list[int]], plain: bool, rewound: bool, drafted: list[int] | None = None
-               ) -> tuple[list[range], list[list[int]]]:
+    def append(self, chunks: list[list[int]], plain: bool, rewound: bool) -> tuple[list[range], list[list[int]]]:
         """Append each row's new tokens, right-aligned; return each row's slots and the new ids.
 
         ``plain`` says that every row appends exactly its sampled token, so the device
         mask grows by a column of ones with no host-to-device copy (it would wait for the
         device). ``rewound`` says that some row took tokens back, leaving holes.
-        ``drafted`` says, per row, how many of its last tokens are drafted: the forward
-        sees them, the host sees holes until :meth:`keep`.
         """
         width = max(len(c) for c in chunks)
         real = [[j >= width - len(c) for j in range(width)] for c in chunks]
@@ -100,10 +92,6 @@ class Grid:
                                                   for c, ends_in_hole in zip(chunks, self.trailing))
         if width:
             self.trailing = [not c for c in chunks]
-        for r, n in enumerate(drafted or ()):
-            for slot in slots[r][len(slots[r]) - n :]:
-                self.reals[slot][r] = False
-                self.columns[slot][r] = self.pad
         return slots, ids
 
     def layout(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -140,8 +140,7 @@ class Decoding:
             # The common step (one sampled token per row, as sampled) takes the ids where
             # they already are: no host-to-device copy, which would wait for the device.
             plain = all(c == [t] for c, t in zip(sent, ids_h))
-            slots, new_ids = self.grid.append(sent, plain, any(row.history.rewinds for row in batch.rows),
-                                              list(map(len, drafts)))
+            slots, new_ids = self.grid.append(sent, plain, any(row.history.rewinds for row in batch.rows))
             for row, taken, chunk in zip(batch.rows, slots, chunks):
                 row.history.slots.extend(taken[: len(chunk)])  # drafted slots join once kept
             self.unforwarded = chunks  # until the forward below: a snapshot's rows recompute them

@@ -373,8 +373,8 @@ class Speculation:
 
     :meth:`draft` runs after the step's rows took their tokens: it drafts what follows
     each row under its constraint, and the loop forwards the drafts after the step's
-    tokens (in the same grid columns, as holes on the host until kept), with
-    ``logits_to_keep`` covering them. :meth:`verify` runs after that forward: each row
+    tokens (in the same grid columns; a snapshot between the two keeps each row's own
+    tokens only), with ``logits_to_keep`` covering them. :meth:`verify` runs after that forward: each row
     takes the drafted tokens acceptance keeps as if its own steps had generated them (its
     history and text, its matcher, its weight and the batch's step columns, the cost), and
     the slots of the rest become holes. Under sampling, a row whose check decided its next
@@ -496,7 +496,6 @@ class Speculation:
                 return j
             batch.constraints.advance(r, t)
             row.history.slots.append(first + j)
-            dec.grid.keep(r, first + j, t)
             if top is not None:
                 row.history.logprobs.append((t, *_record(logp[j], t, lps[j], guide.forced[j], top)))
         return n

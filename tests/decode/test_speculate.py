@@ -113,6 +113,8 @@ def same(a, b):
         assert real_ids(a, r) == real_ids(b, r)
     assert a.value == b.value
     assert torch.allclose(a.weights, b.weights, atol=1e-3)
+    if a.constraint_cost is not None:
+        assert a.constraint_cost == pytest.approx(b.constraint_cost, abs=1e-3)
 
 
 KINDS = {
@@ -192,6 +194,26 @@ def test_the_state_continues_and_slices_as_without_speculation(model):
         for key in (slice(0, 20), slice(3, 25)):
             cut = state[0, key]
             same(gen(cut, max_tokens=6), gen(cut.drop_cache(), max_tokens=6))
+
+
+@pytest.mark.parametrize("kind", ["text", "json"])
+def test_a_stream_closed_between_steps_leaves_a_state_that_goes_on_as_without_speculation(model, other, kind):
+    """Between a step and its check, the state holds the row's own tokens only, not the drafts."""
+    gen = continuous(KINDS[kind](model))
+    prompt = "the cat sat the cat sat the cat"
+    plain = gen(prompt, max_tokens=24)
+    stream = gen.stream(prompt, max_tokens=24, speculate=DraftModel(other, k=3))  # drafts at every step, mostly wrong
+    for _, _ in zip(range(3), stream):
+        pass
+    stream.close()
+    cut = stream.state
+    n = len(real_ids(cut)) - len(real_ids(gen(prompt, max_tokens=0)))
+    assert 0 < n < 24
+    assert real_ids(plain)[: len(real_ids(cut))] == real_ids(cut)
+    rest, again = gen(cut, max_tokens=24 - n), gen(cut.drop_cache(), max_tokens=24 - n)
+    assert real_ids(rest) == real_ids(again) and str(rest) == str(again)  # the cache holds no draft
+    if kind == "text":  # (a constrained call starts its constraint anew)
+        assert real_ids(rest) == real_ids(plain) and str(rest) == str(plain)
 
 
 def test_sampling_keeps_the_distribution(model, tokenizer):
