@@ -74,7 +74,7 @@ def library_concurrency(model, texts: list[str], clients, max_tokens: int, reps:
     """Aggregate tokens/s of ``c`` concurrent ``acall`` clients, for each ``c``."""
     gen = continuous(generate.text(model))
 
-    async def clients(c):
+    async def together(c):
         states = await asyncio.gather(*[gen.acall(p, max_tokens=max_tokens, logprobs=0) for p in texts[:c]])
         return sum(map(generated, states))
 
@@ -84,7 +84,7 @@ def library_concurrency(model, texts: list[str], clients, max_tokens: int, reps:
         runs = []
         for _ in range(reps):
             t = time.perf_counter()
-            tokens = asyncio.run(clients(c))
+            tokens = asyncio.run(together(c))
             runs.append(tokens / (time.perf_counter() - t))
         out[str(c)] = round(median(runs), 1)
     return out

@@ -324,16 +324,22 @@ def stack(caches: "list[KVCache | None]", rows: list[int], extra: int) -> "KVCac
     if like is None:
         return None
     length = max(c.length if c is not None else 0 for c in caches)
-    out = _Buffer(sum(rows), capacity_for(length + extra))
+    # Exactly the slots one forward needs (the buffer lives for that forward): the new ones
+    # are written by it, and only the holes up to ``length`` are zeroed (they are attended
+    # to with a zero weight, so they must hold numbers).
+    out = _Buffer(sum(rows), length + extra)
     with torch.inference_mode():
         for index, (keys, values) in enumerate(zip(like._buffer.keys, like._buffer.values)):
-            k = keys.new_zeros((out.rows, keys.shape[1], out.capacity, keys.shape[3]))
-            v = values.new_zeros((out.rows, values.shape[1], out.capacity, values.shape[3]))
+            k = keys.new_empty((out.rows, keys.shape[1], out.capacity, keys.shape[3]))
+            v = values.new_empty((out.rows, values.shape[1], out.capacity, values.shape[3]))
             at = 0
             for cache, n in zip(caches, rows):
-                if cache is not None and cache.length:
-                    k[at : at + n, :, : cache.length] = cache._buffer.keys[index][:, :, : cache.length]
-                    v[at : at + n, :, : cache.length] = cache._buffer.values[index][:, :, : cache.length]
+                filled = cache.length if cache is not None else 0
+                if filled:
+                    k[at : at + n, :, :filled] = cache._buffer.keys[index][:, :, :filled]
+                    v[at : at + n, :, :filled] = cache._buffer.values[index][:, :, :filled]
+                k[at : at + n, :, filled:length] = 0
+                v[at : at + n, :, filled:length] = 0
                 at += n
             out.keys.append(k)
             out.values.append(v)

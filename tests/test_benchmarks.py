@@ -28,6 +28,7 @@ KEYS = {
     "fastforward": {"ms_per_output_token": {"free", "json", "json_ff"}, "forward_calls": {"json", "json_ff"}},
     "speculative": {"ms_per_output_token": {"token", "ff", "lookup_ff", "hf", "hf_lookup"},
                     "forwards_per_output_token": {"token", "ff", "lookup_ff", "hf", "hf_lookup"}},
+    "serve": {"models": {"small"}},
 }
 
 
@@ -172,3 +173,13 @@ def test_jsonschema_counts_what_reaches_the_user(tmp_path):
     assert f["valid_to_user"] == f["valid_total"] == 3 and f["valid_as_written"] == 2  # {"b", "a"}: schema order
     assert f["invalid_grammar"] == 2 and f["invalid_accepted"] == 0 and f["invalid_to_user"] == 0
     assert result["generation"]["schemas"] == 2 and result["generation"]["invalid_returned"] == 0
+
+
+def test_serve_prefills_only_what_no_earlier_state_holds():
+    result = run("serve")["models"]["small"]
+    chat = result["library"]["chat"]
+    assert chat["cache_on"]["prompt_tokens_forwarded"] == chat["cache_on"]["ideal"]
+    assert chat["cache_off"]["prompt_tokens_forwarded"] > chat["cache_on"]["prompt_tokens_forwarded"]
+    turns = result["server"]["chat"]["cache_on"]["turns"]
+    # From the second turn on, the server reports at least the last turn's prompt as cached.
+    assert all(t["cached"] >= prev["prompt"] for prev, t in zip(turns, turns[1:]))

@@ -61,6 +61,17 @@ class Decoding:
     def __init__(self, model, rows: Rows, weights: torch.Tensor, constraint, options: Options):
         self.model, self.options, self.sampler = model, options, options.sampler
         self.tokenizer, self.eos = model.tokenizer, set(model.eos_token_ids)
+        # This call's place among the calls sharing the model's forward passes, until it
+        # ends: its prefill is one of them.
+        self.turn = model.scheduler.join()
+        try:
+            self._build(model, rows, weights, constraint, options)
+        except BaseException:
+            self.turn.leave()
+            raise
+        self.turn.park()  # until its consumer asks for the first piece
+
+    def _build(self, model, rows: Rows, weights: torch.Tensor, constraint, options: Options) -> None:
         rows, weights, removed = _prepare(model, rows, weights, options)
         n, device = rows.n_rows, rows.logits.device
         constraints = RowConstraints.of_call(constraint, model, rows, removed, device)
@@ -90,9 +101,6 @@ class Decoding:
         self.overlap = model.overlap and not self.sampler.joint and options.speculate is None
         self.speculation = None if options.speculate is None else Speculation(options.speculate, self.sampler,
                                                                                options.rng)
-        # This call's place among the calls sharing the model's forward passes, until it
-        # ends; parked until its consumer asks for the first piece.
-        self.turn = model.scheduler.join(parked=True)
 
     def _watches(self, constraints: RowConstraints, before: str) -> list:
         """What watches a row's text for matches to rewind on: the bans, and what the constraint

@@ -12,11 +12,8 @@ def cfg(model, grammar: str, sampler=None, *, ban=None, ban_case=False, think=No
         A Lark grammar in llguidance's dialect (the start rule is ``start``; terminals
         may be regular expressions, ``%json {...}`` embeds a JSON schema), or an
         ``outlines.types.CFG``.
-    ban, ban_case
-        Phrases and ``regex`` patterns the output may not contain (:mod:`continuous.ban`).
-    think
-        A thinking section of free text before the constraint: ``True`` (the model's own
-        markers), an int (a token budget) or a :class:`~continuous.Think` (:mod:`continuous.think`).
+    ban, ban_case, think
+        As for every generator (:func:`~continuous.generate.text`).
 
     Raises
     ------

@@ -24,13 +24,9 @@ def choice(model, choices, sampler=None, *, scores=False, engine=None, ban=None,
         together in one batched forward (see :mod:`continuous.scores`); the chosen option
         is the same as without scores.
     engine
-        The constraint engine: ``"llguidance"`` (the default) or ``"outlines_core"``.
-    ban, ban_case
-        Phrases and ``regex`` patterns the output may not contain (a dict phrase ->
-        factor for soft bans), and whether phrases match case (:mod:`continuous.ban`).
-    think
-        A thinking section of free text before the constraint: ``True`` (the model's own
-        markers), an int (a token budget) or a :class:`~continuous.Think` (:mod:`continuous.think`).
+        ``"llguidance"`` (the default) or ``"outlines_core"``.
+    ban, ban_case, think
+        As for every generator (:func:`~continuous.generate.text`).
     """
     members = choices_of(choices)
     if members is not None:

@@ -34,13 +34,9 @@ def format(model, python_type, sampler=None, *, engine=None, ban=None, ban_case=
         terms of these types (``outlines.types.integer``...) are the same. Any other
         ``outlines.types`` term (``email``, ``Regex(...)``) gives its text.
     engine
-        The constraint engine: ``"llguidance"`` (the default) or ``"outlines_core"``.
-    ban, ban_case
-        Phrases and ``regex`` patterns the output may not contain (a dict phrase ->
-        factor for soft bans), and whether phrases match case (:mod:`continuous.ban`).
-    think
-        A thinking section of free text before the constraint: ``True`` (the model's own
-        markers), an int (a token budget) or a :class:`~continuous.Think` (:mod:`continuous.think`).
+        ``"llguidance"`` (the default) or ``"outlines_core"``.
+    ban, ban_case, think
+        As for every generator (:func:`~continuous.generate.text`).
     """
     # outlines' built-in terms of these types are the same formats; its other terms give text.
     python_type = next((t for term, t in _OUTLINES if python_type is term), python_type)

@@ -51,11 +51,8 @@ def json(model, schema, sampler=None, whitespace_pattern=None, *, whitespace=Non
         ``"llguidance"`` (the default: it reads the schema itself, and refuses a keyword
         it cannot enforce, naming it) or ``"outlines_core"`` (through its regex compiler,
         with exact integer bounds and calendar dates).
-    ban, ban_case
-        What the document may not contain, as for every generator (:mod:`continuous.ban`).
-    think
-        A thinking section of free text before the constraint: ``True`` (the model's own
-        markers), an int (a token budget) or a :class:`~continuous.Think` (:mod:`continuous.think`).
+    ban, ban_case, think
+        As for every generator (:func:`~continuous.generate.text`).
 
     Raises
     ------

@@ -32,13 +32,9 @@ def regex(model, pattern: str, sampler=None, *, engine=None, ban=None, ban_case=
         The regular expression (Rust ``regex`` syntax, as both engines read it), or an
         ``outlines.types`` term (``Regex``, ``integer``, ``either(...)``...).
     engine
-        The constraint engine: ``"llguidance"`` (the default) or ``"outlines_core"``.
-    ban, ban_case
-        Phrases and ``regex`` patterns the output may not contain (a dict phrase ->
-        factor for soft bans), and whether phrases match case (:mod:`continuous.ban`).
-    think
-        A thinking section of free text before the constraint: ``True`` (the model's own
-        markers), an int (a token budget) or a :class:`~continuous.Think` (:mod:`continuous.think`).
+        ``"llguidance"`` (the default) or ``"outlines_core"``.
+    ban, ban_case, think
+        As for every generator (:func:`~continuous.generate.text`).
 
     Raises
     ------

@@ -134,6 +134,7 @@ class Scheduler:
         self.by_request: dict[int, Turn] = {}  # id(request) -> the turn that sent it
         self.leading = False
         self.last_forward = 0.0  # seconds the last round took
+        self.opened = 0.0  # when the last round ended
         self.cond = threading.Condition()
         self.local = threading.local()
         self._executor: ThreadPoolExecutor | None = None
@@ -216,7 +217,8 @@ class Scheduler:
         if not self.waiting:
             return False
         now = time.monotonic()
-        if now - min(r.arrived for r in self.waiting) > MAX_WAIT:
+        # Waited for since the last round ended (a request that arrived during it waited for it).
+        if now - max(self.opened, min(r.arrived for r in self.waiting)) > MAX_WAIT:
             return True
         asked = {id(t) for t in self.by_request.values()}
         grace = max(GRACE, self.last_forward / 2)
@@ -241,7 +243,8 @@ class Scheduler:
         finally:
             self.cond.acquire()
             self.leading = False
-            self.last_forward = time.monotonic() - start
+            self.opened = time.monotonic()
+            self.last_forward = self.opened - start
         # What the round did not finish (chunked prefills) goes first in the next one.
         self.waiting = later + self.waiting
         self.cond.notify_all()

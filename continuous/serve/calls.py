@@ -23,10 +23,10 @@ from .wire import ResponseFormat
 
 __all__ = ["RequestError", "Served", "Call", "Row", "Delta", "FINISH"]
 
-#: The library's finish reasons in OpenAI's words. ``tool_calls`` is the reason a
-#: tools generator will give (extension point).
+#: The library's finish reasons in OpenAI's words (a reply that calls tools says
+#: ``tool_calls`` instead).
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
-          "ban_exhausted": "content_filter", "tool_calls": "tool_calls"}
+          "ban_exhausted": "content_filter"}
 
 #: Generators kept for reuse, by response format and ``n`` (a JSON schema compiles once).
 GENERATORS_KEPT = 64
@@ -119,8 +119,6 @@ class Call:
         raw, sent, logged = [""] * rows, [0] * rows, [0] * rows
         want_logprobs = self.options.get("logprobs") is not None
         try:
-            # Extension point (think=): pieces of the thinking section will go to a
-            # reasoning delta of their own, beside ``text``.
             async for pieces in stream:
                 entries = stream.state.logprobs if want_logprobs else None
                 step = []

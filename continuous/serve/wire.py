@@ -37,8 +37,7 @@ class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
-    # Extension point (tools): the assistant's earlier calls and the tool's answers,
-    # passed to the chat template as they are.
+    # The assistant's earlier calls and the tools' answers go to the chat template as they are.
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
 
@@ -128,8 +127,7 @@ class ChatRequest(_Request):
     max_completion_tokens: int | None = Field(None, ge=0)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    # Extension point (tools): refused with "not supported yet" by the route until
-    # generate.tools is wired; their shapes are OpenAI's.
+    # Functions the model may call, and which (generate.tools); their shapes are OpenAI's.
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -204,9 +202,8 @@ class Usage(BaseModel):
 class ChatMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
-    # Extension points: tool calls (generate.tools) and the thinking text (think=).
-    tool_calls: list[dict[str, Any]] | None = None
-    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # the calls of a reply to a request with tools
+    reasoning_content: str | None = None  # the thinking of a server started with --think
 
 
 class ChatChoice(BaseModel):
@@ -216,11 +213,16 @@ class ChatChoice(BaseModel):
     logprobs: ChoiceLogprobs | None = None
 
 
-class ChatCompletion(BaseModel):
+class _Answer(BaseModel):
+    """What every answer and chunk says of itself."""
+
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
+
+
+class ChatCompletion(_Answer):
+    object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: Usage
 
@@ -228,8 +230,8 @@ class ChatCompletion(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None  # extension point (tools)
-    reasoning_content: str | None = None  # extension point (think=)
+    tool_calls: list[dict[str, Any]] | None = None
+    reasoning_content: str | None = None
 
 
 class ChatChunkChoice(BaseModel):
@@ -239,11 +241,8 @@ class ChatChunkChoice(BaseModel):
     logprobs: ChoiceLogprobs | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_Answer):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
 
@@ -255,11 +254,8 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
 
 
-class Completion(BaseModel):
-    id: str
+class Completion(_Answer):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
 
