@@ -285,3 +285,22 @@ def test_extraction_on_a_trained_model_is_unchanged_and_takes_fewer_forwards():
     assert real.stats.forward_calls - before < calls
     text = continuous(generate.text(real))
     same(text(state + "\nThanks!", max_tokens=6), text(plain + "\nThanks!", max_tokens=6))
+
+
+def test_concurrent_calls_with_and_without_drafts_each_equal_the_call_alone(model, other):
+    """The scheduler merges forwards that keep logits for drafts with those that keep one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompt = "the cat sat the cat sat the cat"
+    calls = [(KINDS[kind](model), spec) for kind in ("text", "json", "regex") for spec in (
+        None, PromptLookup(k=4, ngram=2), DraftModel(other, k=2))]
+
+    def run(call):
+        made, spec = call
+        return continuous(made)(prompt, max_tokens=20, speculate=spec)
+
+    alone = [run(c) for c in calls]
+    with ThreadPoolExecutor(len(calls)) as pool:
+        together = list(pool.map(run, calls))
+    for a, b in zip(alone, together):
+        same(a, b)
