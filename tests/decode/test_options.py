@@ -50,3 +50,23 @@ def test_options_are_frozen_and_hold_the_call_s_sampler(model):
         options.max_tokens = 4
     with pytest.raises(TypeError):
         Options.from_call(generate.text(model), 1, max_tokenz=3)
+
+
+def test_speculate_is_an_option_checked_when_the_call_is_made(model):
+    from continuous import PromptLookup
+    from continuous.decode.speculate import DraftModel
+
+    lookup = PromptLookup(k=2)
+    assert Options.from_call(generate.text(model), 1, speculate=lookup).speculate is lookup
+    drafter = Options.from_call(generate.text(model), 1, speculate=model).speculate  # a model drafts as DraftModel
+    assert isinstance(drafter, DraftModel) and drafter.model is model
+    assert Options.from_call(generate.text(model), 1).speculate is None
+    gen = continuous(generate.text(model))
+    for form in (gen, gen.stream):
+        with pytest.raises(ValueError, match="beam search"):
+            form("a", sampler=samplers.beam_search(2), speculate=lookup)
+        with pytest.raises(ValueError, match="logits_processors"):
+            form("a", logits_processors=[lambda ids, scores: scores], speculate=lookup)
+        with pytest.raises(TypeError, match="speculate= takes"):
+            form("a", speculate="ngram")
+    assert "speculate" in inspect.signature(ContinuousGenerator.astream).parameters
