@@ -374,11 +374,12 @@ class Speculation:
     :meth:`draft` runs after the step's rows took their tokens: it drafts what follows
     each row under its constraint, and the loop forwards the drafts after the step's
     tokens (in the same grid columns; a snapshot between the two keeps each row's own
-    tokens only), with ``logits_to_keep`` covering them. :meth:`verify` runs after that forward: each row
-    takes the drafted tokens acceptance keeps as if its own steps had generated them (its
-    history and text, its matcher, its weight and the batch's step columns, the cost), and
-    the slots of the rest become holes. Under sampling, a row whose check decided its next
-    token (a rejected draft's replacement) has it imposed at the next step by :meth:`override`.
+    tokens only), with ``logits_to_keep`` covering them. :meth:`verify` runs after that
+    forward: each row takes the drafted tokens acceptance keeps as if its own steps had
+    generated them (its history and text, its matcher, its weight and the batch's step
+    columns, the cost), and the slots of the rest become holes. Under sampling, a row
+    whose check decided its next token (a rejected draft's replacement) has it imposed at
+    the next step by :meth:`override`.
 
     Parameters
     ----------
