@@ -324,10 +324,9 @@ def stack(caches: "list[KVCache | None]", rows: list[int], extra: int) -> "KVCac
     if like is None:
         return None
     length = max(c.length if c is not None else 0 for c in caches)
-    # Exactly the slots one forward needs (the buffer lives for that forward): the new ones
-    # are written by it, and only the holes up to ``length`` are zeroed (they are attended
-    # to with a zero weight, so they must hold numbers).
-    out = _Buffer(sum(rows), length + extra)
+    # Only the holes up to ``length`` are zeroed: they are attended to with a zero weight,
+    # so they must hold numbers; every slot past them is written before it is read.
+    out = _Buffer(sum(rows), capacity_for(length + extra))
     with torch.inference_mode():
         for index, (keys, values) in enumerate(zip(like._buffer.keys, like._buffer.values)):
             k = keys.new_empty((out.rows, keys.shape[1], out.capacity, keys.shape[3]))

@@ -5,6 +5,7 @@ forward less than their history, extracted records agree with their sentences, b
 do not disturb each other, beams come best first.
 """
 
+import ast
 import json
 import os
 import re
@@ -57,6 +58,16 @@ def test_extract_json_records_parse_and_agree_with_their_sentences():
         {"name": "Sven", "age": 41, "city": "Porto", "pet": "parrot"},
         {"name": "Mei", "age": 27, "city": "Nairobi", "pet": "rabbit"},
     ]
+
+
+def test_constraint_cost_is_nothing_for_the_model_s_own_answer_and_more_when_pushed():
+    out = run("constraint_cost.py")
+    costs = dict((name.strip(), float(cost)) for name, cost in re.findall(r"^(.*?): cost ([\d.]+) nats", out, re.M))
+    assert costs["free text"] == 0
+    own, pushed = costs["schema, the model's own"], costs["schema, pushed off it"]
+    assert own < 0.5 < 10 * own + 5 < pushed  # about nothing, against many nats
+    record = ast.literal_eval(re.search(r"pushed off it\s*: cost [\d.]+ nats -> (\{.*\})$", out, re.M).group(1))
+    assert record["pet"] in ("dragon", "unicorn") and 90 <= record["age"] <= 99
 
 
 def test_branching_keeps_branches_apart_and_ranks_by_weight():

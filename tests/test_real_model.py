@@ -99,3 +99,20 @@ def test_json_keeps_the_layout_the_model_writes_by_itself(model):
     assert layout(text) == layout(free)
     compact = continuous(generate.json(model, Order, whitespace="compact"))(prompt, max_tokens=80)
     assert "\n" not in str(compact)[len(prompt):] and " " not in str(compact)[len(prompt):].split('"')[0]
+
+
+def test_a_schema_that_pushes_the_answer_costs_more_than_one_that_only_shapes_it(model):
+    prompt = chat.prompt(model, [{"role": "user", "content": "What is the capital of France? "
+                                                             "Answer in JSON with the key capital."}])
+
+    def cost(capital: dict):
+        schema = {"type": "object", "properties": {"capital": capital}, "required": ["capital"]}
+        state = continuous(generate.json(model, schema))(prompt, max_tokens=30)
+        return state.constraint_cost[0], state.value["capital"]
+
+    shaped, answer = cost({"type": "string"})
+    pushed, wrong = cost({"enum": ["Berlin", "Madrid"]})
+    assert answer == "Paris" and wrong in ("Berlin", "Madrid")
+    # The model would have answered in prose: JSON alone costs something, a wrong capital more.
+    assert 0 < shaped < pushed
+    assert continuous(generate.text(model))(prompt, max_tokens=8).constraint_cost == [0.0]

@@ -137,7 +137,9 @@ class Scheduler:
         self.opened = 0.0  # when the last round ended
         self.cond = threading.Condition()
         self.local = threading.local()
-        self._executor: ThreadPoolExecutor | None = None
+        # Worker threads for async calls: each running call holds one while it computes a
+        # step, so the pool is large (threads are made only as calls need them).
+        self.executor = ThreadPoolExecutor(max_workers=256, thread_name_prefix="continuous-step")
 
     # -- the calls' side ---------------------------------------------------------------
 
@@ -171,14 +173,6 @@ class Scheduler:
             if getattr(self.local, "turn", None) is turn:
                 self.local.turn = None
             self.cond.notify_all()
-
-    @property
-    def executor(self) -> ThreadPoolExecutor:
-        """Worker threads for async calls: each running call holds one while it computes a step,
-        so the pool is large (threads are made only as calls need them)."""
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=256, thread_name_prefix="continuous-step")
-        return self._executor
 
     def forward(self, request: Request) -> tuple:
         """Run ``request``, merged with the requests of other calls when there are any."""

@@ -8,10 +8,11 @@ import weakref
 
 import torch
 
-from ..kv import CACHE_ARG, ForwardCache, KVCache, StaticStepCache, extend, stack
+from ..kv import CACHE_ARG, ForwardCache, KVCache, StaticStepCache, extend
 from .base import Stats, check_layout, stop_ids
 from .masks import attention_masks, check_supported, layer_windows, near, positions
 from ..prefix import PrefixCache, parse_bytes
+from .joint import Joint
 from .scheduler import PREFILL_CHUNK, Request, Scheduler
 
 __all__ = ["Transformers", "transformers", "check_causal"]
@@ -68,6 +69,7 @@ class Transformers:
         self.compiled = None
         self._arange = None
         self.scheduler = Scheduler(self._run_one, self._run_joint, _check_chunk(prefill_chunk))
+        self.joint = Joint()  # the merged rounds' stacked cache, used by the scheduler's leader only
         self.prefix_cache = PrefixCache(parse_bytes(prefix_cache)) if prefix_cache else None
         self.compile = compile
         if compile:
@@ -142,38 +144,36 @@ class Transformers:
     def _run_joint(self, requests: list[Request]) -> list[tuple[torch.Tensor, KVCache]]:
         """One forward for the requests of several calls; each gets its own logits and cache.
 
-        Row blocks are stacked: each request's cached slots first, holes up to the longest
-        cache, then its new slots right-aligned at the end (so the last slots are every
-        row's newest). Positions count real tokens only, so a row computes what it would
-        alone. The new slots are then appended to each request's own cache.
+        Row blocks are stacked (:mod:`.joint`): each request's cached slots, holes where
+        another's are, then its new slots right-aligned at the end (so the last slots are
+        every row's newest). Positions count real tokens only, so a row computes what it
+        would alone. The new slots are then appended to each request's own cache.
         """
-        counts = [r.rows for r in requests]
-        width = max(r.width for r in requests)
-        lengths = [r.cache.length if r.cache is not None else 0 for r in requests]
-        start = max(lengths)
-        ids = torch.zeros((sum(counts), width), dtype=torch.long, device=self.device)
-        mask = torch.zeros((sum(counts), start + width), dtype=torch.long, device=self.device)
+        layout = self.joint.layout(requests)
+        width, start = max(r.width for r in requests), layout.start
+        rows = sum(r.rows for r in requests)
+        ids = torch.zeros((rows, width), dtype=torch.long, device=self.device)
+        mask = torch.zeros((rows, start + width), dtype=torch.long, device=self.device)
         at = 0
-        for r, length in zip(requests, lengths):
-            own = r.attention_mask
-            if own is None:
-                own = torch.ones((r.rows, length + r.width), dtype=torch.long)
+        for r, slots in zip(layout.requests, layout.slots):
+            length = len(slots)
+            own = r.attention_mask if r.attention_mask is not None else torch.ones((r.rows, length + r.width),
+                                                                                   dtype=torch.long)
             own = own.to(self.device)
             ids[at : at + r.rows, width - r.width :] = r.input_ids.to(self.device)
-            mask[at : at + r.rows, :length] = own[:, :length]
+            mask[at : at + r.rows, slots.to(self.device)] = own[:, :length]
             mask[at : at + r.rows, start + width - r.width :] = own[:, length:]
             at += r.rows
-        joint = stack([r.cache for r in requests], counts, width)
-        n_real = int(mask[:, start:].sum())
         keep = max(r.logits_to_keep for r in requests)
-        logits, cache = self._run_one(Request(ids, mask, joint, keep, n_real, True), compiled=False)
-        out, at = [], 0
-        for r in requests:
-            rows, slots = slice(at, at + r.rows), slice(start + width - r.width, start + width)
-            out.append((logits[rows, keep - r.logits_to_keep :], extend(r.cache, cache, rows, slots, self.kinds)))
+        logits, cache = self._run_one(Request(ids, mask, layout.cache, keep, int(mask[:, start:].sum()), True),
+                                      compiled=False)
+        out, at = {}, 0
+        for r in layout.requests:
+            block, new = slice(at, at + r.rows), slice(start + width - r.width, start + width)
+            out[id(r)] = (logits[block, keep - r.logits_to_keep :], extend(r.cache, cache, block, new, self.kinds))
             at += r.rows
-        return out
-
+        self.joint.keep(layout, cache, width, [out[id(r)][1] for r in layout.requests])
+        return [out[id(r)] for r in requests]
 
     def _compiled_width(self, n: int, mask, cache: KVCache | None, logits_to_keep: int) -> int:
         """The width a compiled step forwards ``n`` tokens at (0: run eagerly).

@@ -1,0 +1,38 @@
+"""A merged round's stacked cache is kept while the same calls go on, and rows compute as alone."""
+
+import torch
+
+from continuous import continuous, generate
+from continuous.models import joint as joint_module
+from continuous.models.scheduler import Request
+
+
+def _states(model):
+    gen = continuous(generate.text(model))
+    return [gen(p, max_tokens=3) for p in ("User: tell me about Lima.\nAssistant:", "Once upon", "A list: 1, 2,")]
+
+
+def _step(cache, token):
+    """A one-token request continuing ``cache`` (a single row whose every slot is a real token)."""
+    return Request(torch.full((1, 1), token), torch.ones((1, cache.length + 1), dtype=torch.long), cache, 1, None,
+                   True)
+
+
+def test_rounds_of_the_same_calls_keep_the_stacked_cache_and_compute_as_alone(model, monkeypatch):
+    stacked = []
+    real_stack = joint_module.stack
+    monkeypatch.setattr(joint_module, "stack", lambda *a: stacked.append(1) or real_stack(*a))
+    caches = [s._rows.cache for s in _states(model)]
+    for round_ in range(4):
+        requests = [_step(c, 7 + round_) for c in caches]
+        alone = [model._run_one(Request(q.input_ids, q.attention_mask, q.cache, 1, None, True)) for q in requests]
+        for q, (_, c) in zip(requests, alone):
+            c.release(q.cache.length)  # the reference's slots go back: the merged round appends there
+        merged = model._run_joint(list(reversed(requests)))[::-1]  # any order
+        for (a, _), (m, cache) in zip(alone, merged):
+            assert torch.allclose(a, m, atol=1e-4)
+        caches = [cache for _, cache in merged]
+    assert len(stacked) == 1  # stacked once, then appended to
+    # A call that leaves (another set of caches) makes the next round stack again.
+    model._run_joint([_step(c, 5) for c in caches[:2]])
+    assert len(stacked) == 2
