@@ -13,6 +13,8 @@
 - :mod:`.prefill`: forward what a call's cache does not cover.
 - :mod:`.grid`: the slots, holes and attention mask a call appends to.
 - :mod:`.overlap`: the host transfer and the step queued behind it.
+- :mod:`.speculate`: drafts (prompt lookup, a draft model) checked in a step's forward
+  (``speculate=``), and the step object the loop calls for them.
 - :mod:`.result`: the rows and texts a call hands back.
 """
 
