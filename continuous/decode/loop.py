@@ -144,13 +144,7 @@ class Decoding:
             chunks, rewound = self.advance(ids_h, dead, step, self._read_logprobs(scores, ancestors, step))
             step += 1
             drafts = self.speculation.draft(self, chunks) if self.speculation is not None else [[]] * len(chunks)
-            sent = [c + d for c, d in zip(chunks, drafts)]
-            # The common step (one sampled token per row, as sampled) takes the ids where
-            # they already are: no host-to-device copy, which would wait for the device.
-            plain = all(c == [t] for c, t in zip(sent, ids_h))
-            slots, new_ids = self.grid.append(sent, plain, any(row.history.rewinds for row in batch.rows))
-            for row, taken, chunk in zip(batch.rows, slots, chunks):
-                row.history.slots.extend(taken[: len(chunk)])  # drafted slots join once kept
+            sent, plain, new_ids = self._append(chunks, drafts, ids_h)
             self.unforwarded = chunks  # until the forward below: a snapshot's rows recompute them
             try:
                 self.turn.park()  # the consumer holds the piece: other calls do not wait for this one
@@ -182,6 +176,20 @@ class Decoding:
         last = [row.release() for row in batch.rows]
         if any(last):
             yield last
+
+    def _append(self, chunks: list[list[int]], drafts: list[list[int]], ids: list[int]
+                ) -> tuple[list[list[int]], bool, list[list[int]]]:
+        """Put each row's tokens and its draft in the grid; return what is forwarded, whether the
+        step is plain (one sampled token per row, as sampled: the forward takes the ids where
+        they already are, with no host-to-device copy that would wait for the device), and the
+        new ids."""
+        sent = [c + d for c, d in zip(chunks, drafts)]
+        plain = all(c == [t] for c, t in zip(sent, ids))
+        rows = self.batch.rows
+        slots, new_ids = self.grid.append(sent, plain, any(row.history.rewinds for row in rows))
+        for row, taken, chunk in zip(rows, slots, chunks):
+            row.history.slots.extend(taken[: len(chunk)])  # drafted slots join once kept
+        return sent, plain, new_ids
 
     @property
     def grid(self) -> Grid:

@@ -364,22 +364,30 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
         For a tokenizer given as a path, or a loaded model given without its tokenizer.
     """
     dtype = _dtype(dtype)
+    model, tokenizer = _model_and_tokenizer(model_or_path, tokenizer, dtype, from_pretrained)
+    _check_head(model)
+    if device is not None or dtype not in (None, "auto"):
+        model = model.to(device=device, dtype=None if dtype == "auto" else dtype)
+    return _wrapper(model, tokenizer, compile, prefill_chunk, prefix_cache)
+
+
+def _model_and_tokenizer(model_or_path, tokenizer, dtype, from_pretrained: dict):
+    """The HF model and tokenizer: loaded from a path, or as given (with clear errors for a mix-up)."""
     if tokenizer is not None and _is_path(tokenizer):
         raise TypeError(f"tokenizer must be a loaded tokenizer, not the path {str(tokenizer)!r}: pass "
                         "AutoTokenizer.from_pretrained(path), or leave it out to load the model path's own")
     if _is_path(model_or_path):
-        model, tokenizer = _load(str(model_or_path), tokenizer, dtype, from_pretrained)
-    else:
-        if from_pretrained:
-            raise TypeError(f"{', '.join(from_pretrained)}: loading options need a path, not a loaded model")
-        model = model_or_path
-        if tokenizer is None:
-            raise TypeError("models.transformers(model) needs the tokenizer when given a loaded model")
-    _check_head(model)
-    if device is not None or dtype not in (None, "auto"):
-        model = model.to(device=device, dtype=None if dtype == "auto" else dtype)
-    # One wrapper per model and options, reused while it describes the model: moved or cast
-    # (in place, as model.to does), the model gets a new one.
+        return _load(str(model_or_path), tokenizer, dtype, from_pretrained)
+    if from_pretrained:
+        raise TypeError(f"{', '.join(from_pretrained)}: loading options need a path, not a loaded model")
+    if tokenizer is None:
+        raise TypeError("models.transformers(model) needs the tokenizer when given a loaded model")
+    return model_or_path, tokenizer
+
+
+def _wrapper(model, tokenizer, compile, prefill_chunk: int, prefix_cache) -> Transformers:
+    """One wrapper per model and options, reused while it describes the model: moved or cast
+    (in place, as ``model.to`` does), the model gets a new one."""
     wrappers = _WRAPPED.setdefault(model, {})
     key = (id(tokenizer), compile, prefill_chunk, prefix_cache)
     wrapped = wrappers.get(key)
