@@ -241,6 +241,21 @@ def cache_dir() -> Path:
     return Path(os.environ.get("CONTINUOUS_CACHE") or Path.home() / ".cache" / "continuous")
 
 
+def llama_cpp_sdist() -> Path:
+    """llama-cpp-python's pinned sdist (llama.cpp's sources under ``vendor/``), downloaded once."""
+    import subprocess
+    import sys
+
+    sdists = cache_dir() / "sdist"
+    found = sorted(sdists.glob("llama_cpp_python-*.tar.gz"))
+    if not found:
+        sdists.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                        "-d", str(sdists), _SDIST], check=True)
+        found = sorted(sdists.glob("llama_cpp_python-*.tar.gz"))
+    return found[-1]
+
+
 def llama_cpp_vocab_file(filename: str) -> Path:
     """Extract ``models/FILENAME`` from llama-cpp-python's sdist (downloaded once, pinned).
 
@@ -249,22 +264,13 @@ def llama_cpp_vocab_file(filename: str) -> Path:
     tokenizer gives them, one line a text).
     """
     import os
-    import subprocess
-    import sys
     import tarfile
 
     out = cache_dir() / "gguf" / filename
     if out.exists():
         return out
-    sdists = cache_dir() / "sdist"
-    found = sorted(sdists.glob("llama_cpp_python-*.tar.gz"))
-    if not found:
-        sdists.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                        "-d", str(sdists), _SDIST], check=True)
-        found = sorted(sdists.glob("llama_cpp_python-*.tar.gz"))
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(found[-1]) as tar:
+    with tarfile.open(llama_cpp_sdist()) as tar:
         member = next(m for m in tar.getmembers() if m.name.endswith(f"/models/{filename}"))
         with tar.extractfile(member) as src:
             tmp = out.with_name(f"{out.name}.{os.getpid()}.part")  # .gguf and .gguf.inp apart
