@@ -206,6 +206,23 @@ class _Layer(CacheLayerMixin):
         return -1
 
 
+def _appendable(cache: KVCache | None, rows: int, end: int) -> _Buffer:
+    """A buffer whose slots ``[cache.length, end)`` are this writer's: the tip of the cache's
+    own buffer (claimed), or a copy of the cache with room, or a fresh one."""
+    if cache is None:
+        buffer = _Buffer(rows, capacity_for(end))
+    elif cache._buffer.claim(cache.length, end):
+        return cache._buffer  # the tip of its buffer: append in place
+    else:
+        src = cache._buffer
+        capacity = capacity_for(end)
+        if cache.length == src.filled:
+            capacity = max(capacity, 2 * src.capacity)  # growing the tip: amortized doubling
+        buffer = _gather(src, None, None, cache.length, capacity)
+    buffer.filled = end
+    return buffer
+
+
 class ForwardCache(Cache):
     """The transformers ``Cache`` one forward pass writes into.
 
@@ -226,18 +243,7 @@ class ForwardCache(Cache):
     def __init__(self, cache: KVCache | None, rows: int, n_new: int, layer_kinds: list[bool]):
         self.start = cache.length if cache is not None else 0
         self.end = self.start + n_new
-        if cache is None:
-            self._buffer = _Buffer(rows, capacity_for(self.end))
-            self._buffer.filled = self.end
-        elif cache._buffer.claim(self.start, self.end):
-            self._buffer = cache._buffer  # the tip of its buffer: append in place
-        else:
-            src = cache._buffer
-            capacity = capacity_for(self.end)
-            if cache.length == src.filled:
-                capacity = max(capacity, 2 * src.capacity)  # growing the tip: amortized doubling
-            self._buffer = _gather(src, None, None, cache.length, capacity)
-            self._buffer.filled = self.end
+        self._buffer = _appendable(cache, rows, self.end)
         super().__init__(layers=[_Layer(self, i, sliding) for i, sliding in enumerate(layer_kinds)])
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -346,17 +352,22 @@ def stack(caches: "list[KVCache | None]", rows: list[int], extra: int) -> "KVCac
     return KVCache(out, length)
 
 
-def extend(cache: "KVCache | None", source: KVCache, rows: slice, slots: slice, layer_kinds: list[bool]
-           ) -> KVCache:
+def extend(cache: "KVCache | None", source: KVCache, rows: slice, slots: slice) -> KVCache:
     """``cache`` grown by the slots ``slots`` of rows ``rows`` of ``source`` (a joint forward's output).
 
     The new slots are appended as a forward would write them: in place at the tip of the
     cache's buffer, or into a copy.
     """
-    n_rows = rows.stop - rows.start
-    n_new = slots.stop - slots.start
-    fc = ForwardCache(cache, n_rows, n_new, layer_kinds)
+    start = cache.length if cache is not None else 0
+    end = start + slots.stop - slots.start
+    buffer = _appendable(cache, rows.stop - rows.start, end)
     with torch.inference_mode():
-        for layer, keys, values in zip(fc.layers, source._buffer.keys, source._buffer.values):
-            layer.update(keys[rows, :, slots], values[rows, :, slots])
-    return fc.result()
+        if not buffer.keys:  # a fresh buffer: allocated here, as a forward's first layer would
+            for keys, values in zip(source._buffer.keys, source._buffer.values):
+                buffer.keys.append(keys.new_zeros((buffer.rows,) + keys.shape[1:2] + (buffer.capacity,) + keys.shape[3:]))
+                buffer.values.append(values.new_zeros((buffer.rows,) + values.shape[1:2] + (buffer.capacity,)
+                                                      + values.shape[3:]))
+        # One call for every layer's copy: this runs once per call per merged round.
+        torch._foreach_copy_([t[:, :, start:end] for t in buffer.keys + buffer.values],
+                             [t[rows, :, slots] for t in source._buffer.keys + source._buffer.values])
+    return KVCache(buffer, end)

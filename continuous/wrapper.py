@@ -6,6 +6,7 @@ import asyncio
 import functools
 import inspect
 import json
+import threading
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -225,11 +226,7 @@ class ContinuousGenerator:
 
         Cancelling the task stops the generation after the step under way; the input
         state is unchanged and usable."""
-        stream = self._stream(prompt, arguments)
-        while True:
-            done, item = await stream.astep()
-            if done:
-                return item
+        return await self._stream(prompt, arguments).arun()
 
     @_call_arguments(partial=False)
     def astream(self, prompt, arguments: dict) -> AsyncStream:
@@ -348,6 +345,29 @@ class Stream:
             if done:
                 return item
 
+    async def arun(self) -> SequenceState:
+        """:meth:`run` in one worker thread. Cancelled, the generation stops after the step under
+        way, and ``state`` keeps it."""
+        stop = threading.Event()
+
+        def run():
+            while not stop.is_set():
+                done, item = self.step()
+                if done:
+                    return item
+            return None
+
+        # One thread for every step: no trip through the event loop between two steps, so
+        # the call is at the model's next shared forward as soon as it can be.
+        running = asyncio.get_running_loop().run_in_executor(self.executor, run)
+        try:
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            stop.set()
+            await asyncio.wait([running])
+            self.close()
+            raise
+
     async def astep(self, keep_yielded: bool = False) -> tuple[bool, Any]:
         """:meth:`step` in a worker thread. Cancelled, the generation stops after the step under way;
         ``keep_yielded``: the state then leaves out that step, whose piece was never yielded."""
@@ -412,10 +432,7 @@ class AsyncStream:
         """The remaining steps, their pieces unread; the final state (as ``acall`` gives it).
 
         Cancelled, the generation stops after the step under way, and ``state`` keeps it."""
-        while True:
-            done, item = await self._stream.astep()
-            if done:
-                return item
+        return await self._stream.arun()
 
     async def aclose(self) -> None:
         self._stream.close()

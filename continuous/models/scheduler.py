@@ -164,7 +164,8 @@ class Scheduler:
         with self.cond:
             turn.parked, turn.parked_at = parked, time.monotonic()
             self.local.turn = None if parked else turn
-            self.cond.notify_all()
+            if parked:  # the calls waiting for a round may stop waiting for this one
+                self.cond.notify_all()
 
     def _leave(self, turn: Turn) -> None:
         with self.cond:
@@ -187,12 +188,16 @@ class Scheduler:
             self.waiting.append(request)
             if turn is not None:
                 self.by_request[id(request)] = turn
-            self.cond.notify_all()
+            # No wake-up here: only an event makes a round ready (this arrival, a call parking
+            # or leaving, a round's end, a deadline), and the thread that causes it checks.
             while not request.done:
-                if not self.leading and self._ready():
-                    self._lead()
-                else:
-                    self.cond.wait(self._timeout())
+                wake = None
+                if not self.leading:
+                    ready, wake = self._ready()
+                    if ready:
+                        self._lead()
+                        continue
+                self.cond.wait(None if wake is None else max(wake - time.monotonic(), 0.0))
             self.by_request.pop(id(request), None)
         if request.error is not None:
             raise request.error
@@ -206,25 +211,26 @@ class Scheduler:
 
     # -- the leader's side (called with the lock held) ---------------------------------
 
-    def _ready(self) -> bool:
-        """Whether every call that will ask for a forward soon has asked (or waited too long)."""
+    def _ready(self) -> tuple[bool, float | None]:
+        """Whether every call that will ask for a forward soon has asked (or waited too long);
+        if not, when it will be at the latest without another event (``None``: only on an event)."""
         if not self.waiting:
-            return False
+            return False, None
         now = time.monotonic()
         # Waited for since the last round ended (a request that arrived during it waited for it).
-        if now - max(self.opened, min(r.arrived for r in self.waiting)) > MAX_WAIT:
-            return True
+        expires = max(self.opened, min(r.arrived for r in self.waiting)) + MAX_WAIT
+        if now >= expires:
+            return True, None
         asked = {id(t) for t in self.by_request.values()}
         grace = max(GRACE, self.last_forward / 2)
+        until = now
         for turn in list(self.turns):
             if turn.left or id(turn) in asked:
                 continue
-            if not turn.parked or now - turn.parked_at < grace:
-                return False
-        return True
-
-    def _timeout(self) -> float:
-        return GRACE / 2
+            if not turn.parked:
+                return False, expires
+            until = max(until, turn.parked_at + grace)
+        return (True, None) if until <= now else (False, min(until, expires))
 
     def _lead(self) -> None:
         """Take a round from the queue, run it without the lock, hand out the results."""

@@ -170,7 +170,7 @@ class Transformers:
         out, at = {}, 0
         for r in layout.requests:
             block, new = slice(at, at + r.rows), slice(start + width - r.width, start + width)
-            out[id(r)] = (logits[block, keep - r.logits_to_keep :], extend(r.cache, cache, block, new, self.kinds))
+            out[id(r)] = (logits[block, keep - r.logits_to_keep :], extend(r.cache, cache, block, new))
             at += r.rows
         self.joint.keep(layout, cache, width, [out[id(r)][1] for r in layout.requests])
         return [out[id(r)] for r in requests]
