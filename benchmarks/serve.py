@@ -8,8 +8,9 @@ model; concurrent calls share forward passes):
 
 - ``library_concurrency``: 1, 4, 8 and 16 concurrent ``acall`` clients, each a 64-token
   completion of a different prompt; aggregate generated tokens/s and the ratio to one
-  client; the same prompts through transformers' ``generate_batch`` (its continuous
-  batching, in the same process).
+  client; the same prompts as one batched call (the most that merged calls can reach:
+  one decoding loop, no rendezvous) and through transformers' ``generate_batch`` (its
+  continuous batching, in the same process).
 - ``library_chat``: eight turns whose prompt re-sends the whole history, prefix cache on
   and off: prompt tokens forwarded against the ideal (what no earlier turn's state holds).
 - ``library_latency``: 16 streaming clients (``astream``); p50/p99 time to first token
@@ -85,6 +86,21 @@ def library_concurrency(model, texts: list[str], clients, max_tokens: int, reps:
         for _ in range(reps):
             t = time.perf_counter()
             tokens = asyncio.run(together(c))
+            runs.append(tokens / (time.perf_counter() - t))
+        out[str(c)] = round(median(runs), 1)
+    return out
+
+
+def library_one_call(model, texts: list[str], clients, max_tokens: int, reps: int) -> dict:
+    """Tokens/s of one call holding the first ``c`` prompts as a batch, for each ``c``: what
+    concurrent calls reach at best (one decoding loop, one forward per step, no rendezvous)."""
+    gen = continuous(generate.text(model))
+    out = {}
+    for c in clients:
+        runs = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            tokens = generated(gen(texts[:c], max_tokens=max_tokens, logprobs=0))
             runs.append(tokens / (time.perf_counter() - t))
         out[str(c)] = round(median(runs), 1)
     return out
@@ -281,8 +297,11 @@ def library(path: Path, prompts, questions, clients, tokens: int, reps: int) -> 
     tok.chat_template = tok.chat_template or TEMPLATE
     model = models.transformers(hf, tok)
     rates = library_concurrency(model, prompts, clients, tokens, reps)
+    one_call = library_one_call(model, prompts, clients, tokens, reps)
     batch = hf_batch(hf, tok, prompts[: max(clients)], tokens, reps)
     return {"tokens_per_s": rates, "vs_one": {c: round(v / rates[str(clients[0])], 2) for c, v in rates.items()},
+            "one_call_tokens_per_s": one_call,
+            "vs_one_call": {c: round(v / one_call[c], 2) for c, v in rates.items()},
             "generate_batch_tokens_per_s": batch, "vs_generate_batch": round(rates[str(max(clients))] / batch, 2),
             "latency": library_latency(model, prompts[: max(clients)], tokens),
             "chat": library_chat(hf, tok, questions, tokens // 2, reps)}
@@ -318,7 +337,8 @@ def main():
         lib = library(path, prompts, questions, clients, tokens, args.reps)
         srv = server(path, extra, prompts, system, questions, clients, tokens)
         results[name] = {"library": lib, "server": srv}
-        table += [(name, f"library, {c} clients", f"{v} tok/s ({lib['vs_one'][c]}x)")
+        table += [(name, f"library, {c} clients", f"{v} tok/s ({lib['vs_one'][c]}x one client, "
+                   f"{lib['vs_one_call'][c]}x one call of {c} prompts: {lib['one_call_tokens_per_s'][c]})")
                   for c, v in lib["tokens_per_s"].items()]
         table += [(name, f"generate_batch, {max(clients)} prompts", f"{lib['generate_batch_tokens_per_s']} tok/s"),
                   (name, "library chat prefilled / ideal, cache on",

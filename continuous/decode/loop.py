@@ -221,6 +221,8 @@ class Decoding:
         if k is None:
             return None
         gained = self.batch.gained[:, step].tolist()
+        if k == 0:  # no alternatives: the distribution is not needed
+            return [(g, []) for g in gained]
         top = self.sampler.logprobs(scores.logits)[ancestors].topk(min(k, scores.logits.shape[-1]), dim=-1)
         alternatives = [[(t, v) for t, v in zip(ids, values) if v > -float("inf")]
                         for ids, values in zip(top.indices.tolist(), top.values.tolist())]
