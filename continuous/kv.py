@@ -25,7 +25,7 @@ import torch
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-__all__ = ["CACHE_ARG", "KVCache", "ForwardCache", "StaticStepCache", "capacity_for", "stack", "extend"]
+__all__ = ["CACHE_ARG", "KVCache", "ForwardCache", "StaticStepCache", "capacity_for", "stack", "JointRows"]
 
 _MIN_CAPACITY = 64
 
@@ -135,6 +135,16 @@ class KVCache:
     def storage(self) -> tuple[_Buffer, int]:
         """The buffer this view is on, and its size in bytes (its whole capacity)."""
         return self._buffer, self._buffer.nbytes
+
+    @property
+    def layers(self) -> int:
+        """How many model layers the buffer holds (none before a first forward fills it)."""
+        return len(self._buffer.keys)
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``index``'s keys and values of the slots ``[0, length)``: ``[rows, kv_heads, length, head_dim]``."""
+        buffer = self._buffer
+        return buffer.keys[index][:, :, : self.length], buffer.values[index][:, :, : self.length]
 
     def release(self, length: int) -> None:
         """Give back this view's slots past ``length`` to its buffer: the view is being discarded.
@@ -326,7 +336,7 @@ def stack(caches: "list[KVCache | None]", rows: list[int], extra: int) -> "KVCac
     part's row count (a ``None`` part is all zeros), ``extra`` the slots to leave room for.
     Returns ``None`` when no part holds anything.
     """
-    like = next((c for c in caches if c is not None and c._buffer.keys), None)
+    like = next((c for c in caches if c is not None and c.length and c.layers), None)
     if like is None:
         return None
     length = max(c.length if c is not None else 0 for c in caches)
@@ -334,15 +344,15 @@ def stack(caches: "list[KVCache | None]", rows: list[int], extra: int) -> "KVCac
     # so they must hold numbers; every slot past them is written before it is read.
     out = _Buffer(sum(rows), capacity_for(length + extra))
     with torch.inference_mode():
-        for index, (keys, values) in enumerate(zip(like._buffer.keys, like._buffer.values)):
+        for index in range(like.layers):
+            keys, values = like.layer(index)
             k = keys.new_empty((out.rows, keys.shape[1], out.capacity, keys.shape[3]))
             v = values.new_empty((out.rows, values.shape[1], out.capacity, values.shape[3]))
             at = 0
             for cache, n in zip(caches, rows):
                 filled = cache.length if cache is not None else 0
                 if filled:
-                    k[at : at + n, :, :filled] = cache._buffer.keys[index][:, :, :filled]
-                    v[at : at + n, :, :filled] = cache._buffer.values[index][:, :, :filled]
+                    k[at : at + n, :, :filled], v[at : at + n, :, :filled] = cache.layer(index)
                 k[at : at + n, :, filled:length] = 0
                 v[at : at + n, :, filled:length] = 0
                 at += n
@@ -352,22 +362,65 @@ def stack(caches: "list[KVCache | None]", rows: list[int], extra: int) -> "KVCac
     return KVCache(out, length)
 
 
-def extend(cache: "KVCache | None", source: KVCache, rows: slice, slots: slice) -> KVCache:
-    """``cache`` grown by the slots ``slots`` of rows ``rows`` of ``source`` (a joint forward's output).
+class JointRows(KVCache):
+    """One call's rows of a merged forward's stacked cache, copied into a buffer of their own
+    only when something reads them.
 
-    The new slots are appended as a forward would write them: in place at the tip of the
-    cache's buffer, or into a copy.
+    A merged round hands each call this value instead of copying the call's new slots
+    into the call's own buffer: while the same calls go on together, the next round
+    continues the stacked cache and nothing is ever copied. The copy (the call's slots,
+    gathered) is made once, when the value is continued alone, cropped, stored or
+    stacked again, and the stacked buffer is then no longer held.
+
+    Parameters
+    ----------
+    source
+        The stacked buffer.
+    rows
+        The call's rows in it.
+    slots
+        Per slot of the call's cache, in order, its slot in the stacked buffer.
     """
-    start = cache.length if cache is not None else 0
-    end = start + slots.stop - slots.start
-    buffer = _appendable(cache, rows.stop - rows.start, end)
-    with torch.inference_mode():
-        if not buffer.keys:  # a fresh buffer: allocated here, as a forward's first layer would
-            for keys, values in zip(source._buffer.keys, source._buffer.values):
-                buffer.keys.append(keys.new_zeros((buffer.rows,) + keys.shape[1:2] + (buffer.capacity,) + keys.shape[3:]))
-                buffer.values.append(values.new_zeros((buffer.rows,) + values.shape[1:2] + (buffer.capacity,)
-                                                      + values.shape[3:]))
-        # One call for every layer's copy: this runs once per call per merged round.
-        torch._foreach_copy_([t[:, :, start:end] for t in buffer.keys + buffer.values],
-                             [t[rows, :, slots] for t in source._buffer.keys + source._buffer.values])
-    return KVCache(buffer, end)
+
+    __slots__ = ("_source", "_rows", "_slots", "_own", "__weakref__")
+    _copying = threading.Lock()
+
+    def __init__(self, source: _Buffer, rows: slice, slots: torch.Tensor):
+        self._source, self._rows, self._slots, self._own = source, rows, slots, None
+        self.length = len(slots)
+
+    @property
+    def rows(self) -> int:
+        return self._rows.stop - self._rows.start
+
+    @property
+    def layers(self) -> int:
+        with self._copying:
+            return len((self._own or self._source).keys)
+
+    @property
+    def _buffer(self) -> _Buffer:
+        return self._own if self._own is not None else self.settle()
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        with self._copying:
+            own, source = self._own, self._source
+        if own is not None:
+            return own.keys[index][:, :, : self.length], own.values[index][:, :, : self.length]
+        return (source.keys[index][self._rows].index_select(2, self._slots),
+                source.values[index][self._rows].index_select(2, self._slots))
+
+    def settle(self) -> _Buffer:
+        """The rows' own buffer, copied out on the first call (the stacked one is then no longer held)."""
+        with self._copying:
+            if self._own is None:
+                own = _Buffer(self.rows, capacity_for(self.length + 1))
+                with torch.inference_mode():
+                    for keys, values in zip(self._source.keys, self._source.values):
+                        for layer, t in ((own.keys, keys), (own.values, values)):
+                            out = t.new_zeros((self.rows, t.shape[1], own.capacity, t.shape[3]))
+                            torch.index_select(t[self._rows], 2, self._slots, out=out[:, :, : self.length])
+                            layer.append(out)
+                own.filled = self.length
+                self._own, self._source = own, None
+        return self._own

@@ -4,17 +4,19 @@ A merged forward needs the calls' caches side by side. Copying every call's cach
 one at every round would cost as much memory traffic as attention itself; so the stacked
 cache of the last round is kept, with, for each call, where its slots sit in it. When
 the next round merges the same calls, each continuing the cache it got back, the new
-slots are appended to the stacked cache and nothing is copied. Any other round (a call
-joined or left, a cache was replaced) stacks the caches again.
+slots are appended to the stacked cache and nothing is copied: each call holds its rows
+of it (:class:`~continuous.kv.JointRows`), copied out only when read. Any other round (a
+call joined or left, a cache was replaced) stacks the caches again.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
 
-from ..kv import KVCache, stack
+from ..kv import JointRows, KVCache, stack
 from .scheduler import Request
 
 __all__ = ["Joint", "Layout"]
@@ -36,30 +38,39 @@ class Joint:
 
     def __init__(self):
         self.cache: KVCache | None = None
-        # id of the cache a call got back -> (that cache, its first row, its slots' places)
-        self.members: dict[int, tuple[KVCache, int, torch.Tensor]] = {}
+        # id of the rows a call got back -> (those rows, weakly, their first row, their slots' places)
+        self.members: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
 
     def layout(self, requests: list[Request]) -> Layout:
         """The stacked rows of ``requests``: the kept ones when they continue the last round."""
         kept = [self.members.get(id(r.cache)) for r in requests]
         if self.cache is not None and len(kept) == len(self.members) and all(
-                m is not None and m[0] is r.cache for m, r in zip(kept, requests)):
+                m is not None and m[0]() is r.cache for m, r in zip(kept, requests)):
             order = sorted(range(len(requests)), key=lambda i: kept[i][1])
             return Layout([requests[i] for i in order], self.cache, [kept[i][2] for i in order], self.cache.length)
-        self.cache, self.members = None, {}  # freed before the copy
+        self._settle({id(r.cache) for r in requests})
         lengths = [r.cache.length if r.cache is not None else 0 for r in requests]
         cache = stack([r.cache for r in requests], [r.rows for r in requests], max(r.width for r in requests))
         return Layout(requests, cache, [torch.arange(n) for n in lengths], max(lengths))
 
-    def keep(self, layout: Layout, cache: KVCache, width: int, returned: list[KVCache]) -> None:
-        """After the round: the stacked cache grew by ``width`` slots; ``returned`` are the calls' caches.
+    def keep(self, layout: Layout, cache: KVCache, returned: list[JointRows]) -> None:
+        """After the round: ``cache`` is the stacked cache, ``returned`` the calls' rows of it.
 
         A stacked cache whose holes outgrow its rows' slots is not kept (the next round
         stacks the caches again, without them).
         """
-        members, at, end = {}, 0, layout.start + width
-        for r, slots, own in zip(layout.requests, layout.slots, returned):
-            members[id(own)] = (own, at, torch.cat([slots, torch.arange(end - r.width, end)]))
+        members, at = {}, 0
+        for r, own in zip(layout.requests, returned):
+            members[id(own)] = (weakref.ref(own), at, own._slots)
             at += r.rows
         longest = max(own.length for own in returned)
-        self.cache, self.members = (cache, members) if end <= 2 * longest + 64 else (None, {})
+        self.cache, self.members = (cache, members) if cache.length <= 2 * longest + 64 else (None, {})
+
+    def _settle(self, going_on: set[int]) -> None:
+        """Forget the last round's stacked cache; the rows of it that a call which left still
+        holds (its final state) are copied out, so that the stacked buffer is freed."""
+        for key, (ref, _, _) in self.members.items():
+            own = ref()
+            if own is not None and key not in going_on:
+                own.settle()
+        self.cache, self.members = None, {}  # freed before the copy

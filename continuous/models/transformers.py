@@ -8,7 +8,7 @@ import weakref
 
 import torch
 
-from ..kv import CACHE_ARG, ForwardCache, KVCache, StaticStepCache, extend
+from ..kv import CACHE_ARG, ForwardCache, JointRows, KVCache, StaticStepCache
 from .base import Stats, check_layout, stop_ids
 from .masks import attention_masks, check_supported, layer_windows, near, positions
 from ..prefix import PrefixCache, parse_bytes
@@ -147,7 +147,8 @@ class Transformers:
         Row blocks are stacked (:mod:`.joint`): each request's cached slots, holes where
         another's are, then its new slots right-aligned at the end (so the last slots are
         every row's newest). Positions count real tokens only, so a row computes what it
-        would alone. The new slots are then appended to each request's own cache.
+        would alone. Each request gets its rows of the stacked cache as a
+        :class:`~continuous.kv.JointRows`, copied out only if read.
         """
         layout = self.joint.layout(requests)
         width, start = max(r.width for r in requests), layout.start
@@ -168,11 +169,12 @@ class Transformers:
         logits, cache = self._run_one(Request(ids, mask, layout.cache, keep, int(mask[:, start:].sum()), True),
                                       compiled=False)
         out, at = {}, 0
-        for r in layout.requests:
-            block, new = slice(at, at + r.rows), slice(start + width - r.width, start + width)
-            out[id(r)] = (logits[block, keep - r.logits_to_keep :], extend(r.cache, cache, block, new))
+        for r, slots in zip(layout.requests, layout.slots):
+            block = slice(at, at + r.rows)
+            own = JointRows(cache._buffer, block, torch.cat([slots, torch.arange(start + width - r.width, start + width)]))
+            out[id(r)] = (logits[block, keep - r.logits_to_keep :], own)
             at += r.rows
-        self.joint.keep(layout, cache, width, [out[id(r)][1] for r in layout.requests])
+        self.joint.keep(layout, cache, [out[id(r)][1] for r in layout.requests])
         return [out[id(r)] for r in requests]
 
     def _compiled_width(self, n: int, mask, cache: KVCache | None, logits_to_keep: int) -> int:

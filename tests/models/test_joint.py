@@ -36,3 +36,28 @@ def test_rounds_of_the_same_calls_keep_the_stacked_cache_and_compute_as_alone(mo
     # A call that leaves (another set of caches) makes the next round stack again.
     model._run_joint([_step(c, 5) for c in caches[:2]])
     assert len(stacked) == 2
+
+
+def _keys(cache):
+    """Every layer's keys and values of a cache's slots, as one tensor per layer."""
+    buffer = cache._buffer
+    return [torch.cat([k[:, :, : cache.length], v[:, :, : cache.length]], -1)
+            for k, v in zip(buffer.keys, buffer.values)]
+
+
+def test_a_call_holds_its_rows_of_the_stacked_cache_until_read_and_one_that_left_gets_its_own(model):
+    caches = [s._rows.cache for s in _states(model)]
+    alone, merged = list(caches), list(caches)
+    for round_ in range(3):
+        alone = [model._run_one(_step(c, 7 + round_))[1] for c in alone]
+        merged = [c for _, c in model._run_joint([_step(c, 7 + round_) for c in merged])]
+    assert all(type(c).__name__ == "JointRows" and c._own is None for c in merged)  # nothing copied yet
+    left = merged[2]
+    model._run_joint([_step(c, 5) for c in merged[:2]])  # the third call left: the stack is made again
+    assert left._own is not None and left._source is None  # copied out: the old stacked buffer is not held
+    for a, m in zip(alone, merged):
+        assert a.length == m.length and m.rows == a.rows
+        for x, y in zip(_keys(a), _keys(m)):
+            assert torch.allclose(x, y, atol=1e-4)
+    grown = model._run_one(_step(left, 9))[1]  # continued alone, from its own buffer
+    assert grown.length == left.length + 1 and torch.equal(_keys(grown)[0][:, :, : left.length], _keys(left)[0])
