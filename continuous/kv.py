@@ -402,6 +402,12 @@ class JointRows(KVCache):
     def _buffer(self) -> _Buffer:
         return self._own if self._own is not None else self.settle()
 
+    def storage(self) -> tuple[_Buffer, int]:
+        """The stacked buffer while the rows are in it (it holds their memory), then their own."""
+        with self._copying:
+            buffer = self._own if self._own is not None else self._source
+        return buffer, buffer.nbytes
+
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         with self._copying:
             own, source = self._own, self._source

@@ -78,7 +78,7 @@ class PrefixCache:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.root = _Node()
-        self.entries: OrderedDict[int, tuple[Rows, int, tuple[int, ...]]] = OrderedDict()  # LRU first
+        self.entries: OrderedDict[int, tuple[Rows, int, tuple[int, ...], int]] = OrderedDict()  # LRU first
         self.buffers: dict[int, list] = {}  # id(buffer) -> [bytes, entries on it]
         self.bytes = 0
         self._ids = itertools.count()
@@ -109,7 +109,7 @@ class PrefixCache:
 
     def _add(self, rows: Rows, r: int, ids: tuple[int, ...], buffer, size: int) -> None:
         key = next(self._ids)
-        self.entries[key] = (rows, r, ids)
+        self.entries[key] = (rows, r, ids, id(buffer))
         held = self.buffers.setdefault(id(buffer), [size, 0])
         if held[1] == 0:
             self.bytes += size
@@ -124,12 +124,12 @@ class PrefixCache:
 
     def _evict(self) -> None:
         while self.bytes > self.max_bytes and self.entries:
-            key, (rows, _, ids) = self.entries.popitem(last=False)
-            held = self.buffers[id(rows.cache.storage()[0])]
+            key, (_, _, ids, buffer) = self.entries.popitem(last=False)
+            held = self.buffers[buffer]
             held[1] -= 1
             if held[1] == 0:
                 self.bytes -= held[0]
-                del self.buffers[id(rows.cache.storage()[0])]
+                del self.buffers[buffer]
             self._unlink(key, ids)
 
     def _unlink(self, key: int, ids: tuple[int, ...]) -> None:
@@ -187,7 +187,7 @@ class PrefixCache:
                     parts.append((None, 0))
                     continue
                 self.entries.move_to_end(key)
-                entry, er, _ = self.entries[key]
+                entry, er, _, _ = self.entries[key]
                 parts.append(((entry, er), depth))
                 saved += depth
         if not saved:

@@ -255,6 +255,10 @@ class ContinuousGenerator:
             texts = result.texts
             if result.complete is not None:
                 texts = [t if t is None or whole else CutShort(t) for t, whole in zip(texts, result.complete)]
+            if final and hasattr(result.rows.cache, "settle"):
+                # A call that shared forwards ends with its own buffer: its state does not
+                # hold the other calls' rows.
+                result.rows.cache.settle()
             if final and model.prefix_cache is not None:
                 model.prefix_cache.insert(result.rows)
             return SequenceState(model, result.rows, result.weights, batch_size, samples, texts,

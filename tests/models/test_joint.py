@@ -1,8 +1,11 @@
 """A merged round's stacked cache is kept while the same calls go on, and rows compute as alone."""
 
+import asyncio
+
 import torch
 
 from continuous import continuous, generate
+from continuous.kv import JointRows
 from continuous.models import joint as joint_module
 from continuous.models.scheduler import Request
 
@@ -51,7 +54,7 @@ def test_a_call_holds_its_rows_of_the_stacked_cache_until_read_and_one_that_left
     for round_ in range(3):
         alone = [model._run_one(_step(c, 7 + round_))[1] for c in alone]
         merged = [c for _, c in model._run_joint([_step(c, 7 + round_) for c in merged])]
-    assert all(type(c).__name__ == "JointRows" and c._own is None for c in merged)  # nothing copied yet
+    assert all(isinstance(c, JointRows) and c._own is None for c in merged)  # nothing copied yet
     left = merged[2]
     model._run_joint([_step(c, 5) for c in merged[:2]])  # the third call left: the stack is made again
     assert left._own is not None and left._source is None  # copied out: the old stacked buffer is not held
@@ -61,3 +64,23 @@ def test_a_call_holds_its_rows_of_the_stacked_cache_until_read_and_one_that_left
             assert torch.allclose(x, y, atol=1e-4)
     grown = model._run_one(_step(left, 9))[1]  # continued alone, from its own buffer
     assert grown.length == left.length + 1 and torch.equal(_keys(grown)[0][:, :, : left.length], _keys(left)[0])
+
+
+def test_accounting_does_not_copy_the_rows_out_and_a_finished_call_owns_its_cache(model):
+    caches = [s._rows.cache for s in _states(model)]
+    merged = [c for _, c in model._run_joint([_step(c, 7) for c in caches])]
+    buffer, nbytes = merged[0].storage()
+    assert merged[0]._own is None and buffer is merged[1].storage()[0]  # one stacked buffer, shared
+    assert nbytes == buffer.nbytes
+
+    gen = continuous(generate.text(model))
+    prompts = ("One", "Two words", "And three more")
+
+    async def together():
+        return await asyncio.gather(*[gen.acall(p, max_tokens=6) for p in prompts])
+
+    for state, prompt in zip(asyncio.run(together()), prompts):
+        cache = state._rows.cache
+        if isinstance(cache, JointRows):
+            assert cache._source is None  # copied out: it holds no other call's rows
+        assert str(state) == str(gen(prompt, max_tokens=6))
