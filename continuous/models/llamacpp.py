@@ -241,7 +241,7 @@ class _Native:
             if outputs:
                 logits = np.ctypeslib.as_array(llama.llama_get_logits(self.ctx), shape=(outputs, self.n_vocab))
                 found.append(torch.from_numpy(logits.copy()))
-        return torch.cat(found) if found else torch.zeros((0, self.n_vocab))
+        return found[0] if len(found) == 1 else torch.cat(found) if found else torch.zeros((0, self.n_vocab))
 
 
 def _free(llama, model, ctx) -> None:
@@ -361,9 +361,13 @@ class _Step:
         """Each request's logits ``[rows, keep, vocab]`` (zeros where a slot is no real token) and cache."""
         out, at = [], 0
         for rows, keep, out_rows, out_cols, targets, held, length in self.parts:
-            own = torch.zeros((rows, keep, logits.shape[-1]), dtype=torch.float32)
-            own[out_rows, out_cols] = logits[at : at + len(out_rows)]
+            mine = logits[at : at + len(out_rows)]
             at += len(out_rows)
+            if len(out_rows) == rows * keep:  # every kept slot is a real token, in row order
+                own = mine.view(rows, keep, -1)
+            else:
+                own = torch.zeros((rows, keep, logits.shape[-1]), dtype=torch.float32)
+                own[out_rows, out_cols] = mine
             out.append((own, LlamaCache(targets, held, length)))
         return out
 
