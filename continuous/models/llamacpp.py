@@ -180,9 +180,7 @@ class _Native:
         verbose = options.pop("verbose", False)
         logging.getLogger("llama-cpp-python").setLevel(logging.DEBUG if verbose else logging.ERROR)
         model_params, ctx_params = llama.llama_model_default_params(), llama.llama_context_default_params()
-        threads = n_threads if n_threads is not None else max(1, (os.cpu_count() or 2) // 2)
-        settings = {"n_ctx": n_ctx, "n_threads": threads, "n_threads_batch": threads, "n_seq_max": N_SEQ_MAX,
-                    **options, "kv_unified": True}
+        settings = _settings(n_ctx, n_threads, options, ctx_params.n_batch)
         _configure(model_params, ctx_params, settings)
         self.llama = llama
         self.model = llama.llama_model_load_from_file(str(path).encode(), model_params)
@@ -247,6 +245,22 @@ class _Native:
 def _free(llama, model, ctx) -> None:
     llama.llama_free(ctx)
     llama.llama_model_free(model)
+
+
+def _settings(n_ctx: int, n_threads: int | None, options: dict, n_batch: int) -> dict:
+    """llama.cpp's parameters for a context whose sequences states share (one unified KV memory)."""
+    threads = n_threads if n_threads is not None else max(1, (os.cpu_count() or 2) // 2)
+    settings = {"n_ctx": n_ctx, "n_threads": threads, "n_threads_batch": threads, "n_seq_max": N_SEQ_MAX,
+                **options, "kv_unified": True}
+    seqs = settings["n_seq_max"]
+    if not isinstance(seqs, int) or not 1 <= seqs <= 256:
+        raise ValueError(f"n_seq_max must be an int between 1 and 256 (llama.cpp's limit), got {seqs!r}")
+    # llama.cpp reserves an output per sequence and aborts the process (an assertion) when
+    # n_outputs_max, n_batch unless set, is below n_seq_max.
+    settings.setdefault("n_outputs_max", max(settings.get("n_batch", n_batch), seqs))
+    if settings["n_outputs_max"] < seqs:
+        raise ValueError(f"n_outputs_max ({settings['n_outputs_max']}) must be at least n_seq_max ({seqs})")
+    return settings
 
 
 def _configure(model_params, ctx_params, settings: dict) -> None:

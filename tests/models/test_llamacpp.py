@@ -282,6 +282,18 @@ def test_a_full_context_is_refused_clearly_and_freed_cells_are_used_again(gguf, 
     assert len(_ids(gen(["Word " * 60, "Other " * 60], max_tokens=1))) > 60
 
 
+def test_a_step_wider_than_n_batch_is_decoded_in_parts_with_the_same_result(gguf, lm):
+    narrow = models.llamacpp(gguf, n_ctx=2048, n_threads=1, type_k="f32", type_v="f32", n_batch=16, n_ubatch=16,
+                             tokenizer=lm.tokenizer)
+    prompts = ["User: Tell me about Omar and his cat.\nAssistant:", "Order #1234: 3 x lamp shipped to Lima on"]
+    outs = []
+    for model in (narrow, lm):
+        model.stats.reset()
+        outs.append((continuous(generate.json(model, City))(prompts, max_tokens=12), model.stats.snapshot()))
+    _same(outs[0][0], outs[1][0])
+    assert outs[0][1] == outs[1][1]  # a decode in parts is one forward
+
+
 # ------------------------------------------------------------------ loading
 def test_the_tokenizer_read_from_the_gguf_file_is_the_models_own(lm, tm):
     texts = ["Hello world!", "It's 2024-05-17:\n\n1. Don't  panic", "Ünïcödé — 你好 🦙"]
@@ -299,6 +311,10 @@ def test_bad_arguments_are_refused_clearly(gguf, tmp_path, tm):
         models.llamacpp(gguf, tokenizer=str(tmp_path))
     with pytest.raises(ValueError, match="KV cache type"):
         models.llamacpp(gguf, type_k="f33")
+    with pytest.raises(ValueError, match="between 1 and 256"):
+        models.llamacpp(gguf, n_seq_max=300)
+    with pytest.raises(ValueError, match="at least n_seq_max"):  # llama.cpp would abort the process
+        models.llamacpp(gguf, n_outputs_max=8, n_seq_max=16)
 
 
 def test_without_llama_cpp_the_error_says_what_to_install(monkeypatch):
