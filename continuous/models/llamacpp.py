@@ -250,8 +250,10 @@ def _free(llama, model, ctx) -> None:
 def _settings(n_ctx: int, n_threads: int | None, options: dict, n_batch: int) -> dict:
     """llama.cpp's parameters for a context whose sequences states share (one unified KV memory)."""
     threads = n_threads if n_threads is not None else max(1, (os.cpu_count() or 2) // 2)
+    # One KV memory for every sequence (cells shared across them), keeping every position
+    # of sliding-window layers too (a crop may go back before the window).
     settings = {"n_ctx": n_ctx, "n_threads": threads, "n_threads_batch": threads, "n_seq_max": N_SEQ_MAX,
-                **options, "kv_unified": True}
+                **options, "kv_unified": True, "swa_full": True}
     seqs = settings["n_seq_max"]
     if not isinstance(seqs, int) or not 1 <= seqs <= 256:
         raise ValueError(f"n_seq_max must be an int between 1 and 256 (llama.cpp's limit), got {seqs!r}")

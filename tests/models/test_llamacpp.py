@@ -4,6 +4,7 @@ generator kind, call option and state operation; sequences are shared, bounded a
 import asyncio
 import gc
 import importlib
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -270,6 +271,15 @@ def test_more_states_than_sequences_is_refused_clearly_and_leaves_the_states_usa
     assert [_ids(again, r) for r in range(4)] == continued
 
 
+def test_running_out_of_sequences_inside_a_call_fails_it_and_leaves_its_input_usable(gguf, lm):
+    model = models.llamacpp(gguf, n_ctx=512, n_threads=1, n_seq_max=3, tokenizer=lm.tokenizer)
+    gen = continuous(generate.text(model))
+    base = gen("Pick one:", max_tokens=2)
+    with pytest.raises(RuntimeError, match="n_seq_max"):  # four beams need four sequences
+        continuous(generate.text(model, samplers.beam_search(4)))(base, max_tokens=4)
+    assert _ids(gen(base, max_tokens=3)) == _ids(gen(base.drop_cache(), max_tokens=3))
+
+
 def test_a_full_context_is_refused_clearly_and_freed_cells_are_used_again(gguf, lm):
     model = models.llamacpp(gguf, n_ctx=256, n_threads=1, tokenizer=lm.tokenizer)
     gen = continuous(generate.text(model))
@@ -315,6 +325,12 @@ def test_bad_arguments_are_refused_clearly(gguf, tmp_path, tm):
         models.llamacpp(gguf, n_seq_max=300)
     with pytest.raises(ValueError, match="at least n_seq_max"):  # llama.cpp would abort the process
         models.llamacpp(gguf, n_outputs_max=8, n_seq_max=16)
+
+
+def test_importing_continuous_does_not_load_llama_cpp():
+    code = "import sys, continuous; from continuous import models; print('llama_cpp' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "False"
 
 
 def test_without_llama_cpp_the_error_says_what_to_install(monkeypatch):
