@@ -400,6 +400,9 @@ def test_smollm2_q4_1_reads_its_tokenizer_from_the_file_and_writes_valid_json():
     reference = AutoTokenizer.from_pretrained(smollm2())
     for text in ["Order #1234: 3 x lamp\n\n1. ok", "It's 2024-05-17 — déjà vu?"]:
         assert q4.tokenizer(text)["input_ids"] == reference(text)["input_ids"]
+    # the tokenizer's EOS (<|im_end|>) first, then the other tokens llama.cpp ends on (<|endoftext|>)
+    assert q4.eos_token_ids[0] == reference.eos_token_id and reference.convert_tokens_to_ids("<|endoftext|>") in \
+        q4.eos_token_ids
     state = continuous(generate.json(q4, Capital))(_ask(q4, "What is the capital of France? Answer as JSON."),
                                                    max_tokens=60)
     assert isinstance(state.value, Capital) and state.finish_reasons == ["eos"]
