@@ -20,7 +20,7 @@ from pydantic import BaseModel  # noqa: E402
 from support.llamacpp import f32_gguf  # noqa: E402
 from support.models import build_llama, cache_dir, real_tokenizer  # noqa: E402
 
-from continuous import chat, continuous, generate, models, samplers  # noqa: E402
+from continuous import PromptLookup, Think, chat, continuous, generate, models, samplers  # noqa: E402
 
 SQL = r"""
 start: "SELECT " columns " FROM " NAME ";"
@@ -93,6 +93,13 @@ def _call(model, name: str):
         "beams": lambda: (continuous(generate.text(model, samplers.beam_search(3))), "Pick:", dict(max_tokens=8)),
         "samples": lambda: (continuous(generate.text(model, samplers.multinomial(3))), "Pick:",
                             dict(max_tokens=8, seed=5)),
+        "think": lambda: (continuous(generate.text(model, think=Think(open="<t>", close="</t>", budget=5))), "Q:",
+                          dict(max_tokens=12)),
+        "tools": lambda: (continuous(generate.tools(model, [City], tool_choice="required")), "Call:",
+                          dict(max_tokens=30)),
+        "lookup": lambda: (text, "Order #12: 3 x lamp to Lima. Order #13: 3 x lamp to Lima. Order #14: 3 x",
+                           dict(max_tokens=16, speculate=PromptLookup(k=4, ngram=2))),
+        "speculate": lambda: (text, "one two three", dict(max_tokens=16, speculate=model)),  # itself drafts
     }
     return calls[name]()
 
@@ -114,11 +121,11 @@ def _same(a, b, tol=1e-3):
             assert sa == pytest.approx(sb, abs=tol)
 
 
-COUNTED = ("tokens_forwarded", "forward_calls", "tokens_rewound")
+COUNTED = ("tokens_forwarded", "forward_calls", "tokens_rewound", "tokens_drafted", "tokens_accepted")
 
 
 GREEDY = ["text", "stop", "batch", "logprobs", "heal", "penalty", "json", "choice", "regex", "cfg", "format",
-          "ban", "beams"]
+          "ban", "beams", "think", "tools", "lookup", "speculate"]
 
 
 @pytest.mark.parametrize("name", GREEDY)
@@ -133,6 +140,8 @@ def test_every_generator_kind_and_option_matches_transformers(lm, tm, name):
     assert {k: stats_a[k] for k in COUNTED} == {k: stats_b[k] for k in COUNTED}
     if name == "ban":
         assert stats_a["tokens_rewound"] > 0  # the bans did rewind
+    if name == "speculate":  # the model drafting for itself is always right
+        assert stats_a["tokens_accepted"] == stats_a["tokens_drafted"] > 0
 
 
 def _ids(state, row=0):
