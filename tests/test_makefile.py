@@ -57,3 +57,19 @@ def test_test_latest_takes_the_newest_releases_in_an_environment_of_its_own():
     tested = _pins(ROOT / "constraints.txt")["torch"]
     assert "--upgrade" in plan and f'"torch=={tested}"' in plan  # the tested torch: a local wheel first
     assert "make test-latest ||" in (ROOT / ".ci" / "run").read_text()  # CI does not fail on it
+
+
+def test_the_llama_cpp_extra_is_built_once_from_the_tested_pin_and_never_by_the_demo(tmp_path):
+    pins = {name.lower().replace("-", "_"): v for name, v in _pins(ROOT / "constraints.txt").items()}
+    version = pins["llama_cpp_python"]
+    plan = make("-n", "llamacpp", f"VENV={tmp_path / 'venv'}", f"WHEELS={tmp_path / 'wheels'}")
+    guard = next(line for line in plan.splitlines() if "llama_cpp_python-" in line and ".whl" in line)
+    assert f"{tmp_path / 'wheels'}\"/llama_cpp_python-{version}-" in guard and guard.rstrip().endswith("|| \\")
+    assert "CMAKE_BUILD_PARALLEL_LEVEL=" in plan
+    assert f'pip wheel --quiet --no-deps --wheel-dir "{tmp_path / "wheels"}"' in plan
+    install = next(line for line in plan.splitlines() if "[test,llamacpp]" in line)
+    assert "--find-links" in install and "-c constraints.txt" in install
+    demo = make("-n", "demo", f"VENV={tmp_path / 'venv'}").replace(str(tmp_path), "TMP")
+    assert "llama" not in demo and "wheel" not in demo
+    run = (ROOT / ".ci" / "run").read_text()
+    assert run.index("make llamacpp") < run.index("make test\n")
