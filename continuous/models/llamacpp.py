@@ -415,7 +415,7 @@ class LlamaCpp:
         self.device = torch.device("cpu")
         self.overlap = False  # llama_decode returns when its work is done
         self.eos_token_ids = _stop_ids(native, tokenizer)
-        self.scheduler = Scheduler(self._run_one, self._run_joint, PREFILL_CHUNK)
+        self.scheduler = Scheduler(self._run_one, self._run_joint, PREFILL_CHUNK, pads=False)  # real tokens only
         self.prefix_cache = None
 
     def __repr__(self) -> str:

@@ -124,11 +124,15 @@ class Scheduler:
         requests (each keeps its own cache); ``None`` runs them one after the other.
     prefill_chunk
         Tokens of a long prefill forwarded per round.
+    pads
+        Whether ``run_joint`` pads requests to a common width (so that requests of very
+        different widths run as separate forwards); a backend that sends only real tokens
+        (llama.cpp) runs every request of a round in one.
     """
 
     def __init__(self, run_one: Callable[[Request], tuple] | None, run_joint: Callable[[list], list] | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK):
-        self.run_one, self.run_joint, self.prefill_chunk = run_one, run_joint, prefill_chunk
+                 prefill_chunk: int = PREFILL_CHUNK, pads: bool = True):
+        self.run_one, self.run_joint, self.prefill_chunk, self.pads = run_one, run_joint, prefill_chunk, pads
         self.turns: "weakref.WeakSet[Turn]" = weakref.WeakSet()
         self.waiting: list[Request] = []
         self.by_request: dict[int, Turn] = {}  # id(request) -> the turn that sent it
@@ -251,7 +255,7 @@ class Scheduler:
 
     def _round(self, batch: list[Request]) -> list[Request]:
         """Forward each group of requests that pad well together, then a chunk of the oldest long one."""
-        groups, wide = split(batch, self.prefill_chunk)
+        groups, wide = split(batch, self.prefill_chunk, self.pads)
         for group in groups:
             self._settle(group, lambda g=group: self.run_joint(g) if len(g) > 1 else [self.run_one(g[0])])
             with self.cond:  # their callers go on while the round forwards the other groups
@@ -285,19 +289,20 @@ class Scheduler:
             r.result, r.done = result, True
 
 
-def split(batch: list[Request], chunk: int) -> tuple[list[list[Request]], list[Request]]:
+def split(batch: list[Request], chunk: int, pads: bool = True) -> tuple[list[list[Request]], list[Request]]:
     """The groups of requests that each run as one padded forward, and the longer requests, oldest first.
 
     Requests are padded to the widest of their group; a group takes requests from the
     narrowest up while its padded slots stay at most twice its real ones: on a device
-    bound by reading the weights, a few more slots are free, many are not. Requests
-    wider than ``chunk`` (long prefills) are cut into chunks, one per round.
+    bound by reading the weights, a few more slots are free, many are not (without
+    ``pads``, nothing is padded: one group). Requests wider than ``chunk`` (long
+    prefills) are cut into chunks, one per round.
     """
     ordered = sorted((r for r in batch if r.width <= chunk), key=lambda r: (r.width, r.arrived))
     groups: list[list[Request]] = []
     group, rows, slots = [], 0, 0
     for r in ordered:
-        if group and (rows + r.rows) * r.width > 2 * (slots + r.rows * r.width):
+        if pads and group and (rows + r.rows) * r.width > 2 * (slots + r.rows * r.width):
             groups.append(group)
             group, rows, slots = [], 0, 0
         group.append(r)

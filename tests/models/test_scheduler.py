@@ -217,6 +217,9 @@ def test_split_groups_requests_that_pad_well_and_keeps_long_ones_apart():
     pair = [_request(1), _request(1)]
     groups, wide = split(pair + [forced], chunk=512)
     assert groups == [pair + [forced]] and not wide  # 5 real slots padded to 9
+    # A backend that pads nothing runs every request up to the chunk in one forward.
+    groups, wide = split(ones + [forced] + prompts + [prefill], chunk=512, pads=False)
+    assert groups == [ones + [forced] + prompts] and wide == [prefill]
 
 
 @settings(max_examples=100, deadline=None)
