@@ -19,6 +19,7 @@ from hypothesis import strategies as st  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 from support.llamacpp import f32_gguf  # noqa: E402
 from support.models import build_llama, cache_dir, real_tokenizer  # noqa: E402
+from support.streams import drained  # noqa: E402
 
 from continuous import PromptLookup, Think, chat, continuous, generate, models, samplers  # noqa: E402
 
@@ -229,14 +230,8 @@ def test_async_calls_and_streams_equal_the_calls_alone(lm):
     calls = [_call(lm, name) for name in ("text", "batch", "json", "samples")]
     alone = [gen(prompt, **kwargs) for gen, prompt, kwargs in calls]
 
-    async def stream(gen, prompt, kwargs):
-        pieces = gen.astream(prompt, **kwargs)
-        async for _ in pieces:
-            await asyncio.sleep(0)
-        return pieces.state
-
     async def main():
-        return await asyncio.gather(*[stream(g, p, k) if i % 2 else g.acall(p, **k)
+        return await asyncio.gather(*[drained(g, p, k) if i % 2 else g.acall(p, **k)
                                       for i, (g, p, k) in enumerate(calls)])
 
     for a, b in zip(alone, asyncio.run(main())):

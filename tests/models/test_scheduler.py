@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
+from support.streams import drained
 
 from continuous import continuous, generate, models
 from continuous.models.scheduler import Request, split
@@ -79,14 +80,8 @@ def test_async_calls_and_streams_interleaved_equal_the_calls_alone(model):
     calls = _calls(model)[:8]
     alone = [_run(c) for c in calls]
 
-    async def stream(gen, prompt, kwargs):
-        pieces = gen.astream(prompt, **kwargs)
-        async for _ in pieces:
-            await asyncio.sleep(0)
-        return pieces.state
-
     async def main():
-        jobs = [stream(g, p, k) if i % 2 else g.acall(p, **k) for i, (_, g, p, k) in enumerate(calls)]
+        jobs = [drained(g, p, k) if i % 2 else g.acall(p, **k) for i, (_, g, p, k) in enumerate(calls)]
         return await asyncio.gather(*jobs)
 
     model.stats.reset()
