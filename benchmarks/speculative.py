@@ -1,6 +1,7 @@
 """Speculative decoding under a JSON schema: extraction that copies from the message, on SmolLM2.
 
     python benchmarks/speculative.py [--quick] [--save] [--reps N] [--device cpu|cuda] [--k K] [--ngram N]
+    python benchmarks/speculative.py --swarm [--quick] [--save] [--reps N] [--k K] [--ngram N]
 
 SmolLM2-135M-Instruct (fp32 on the CPU, bf16 on a GPU; tests/support/real.py) extracts
 10 support messages of 100-300 words into a ``Ticket`` whose fields copy from the
@@ -16,13 +17,20 @@ output token.
 
 Outputs of every case must be identical to ff's. For comparison, transformers'
 ``generate`` on the same prompts, unconstrained (free text, stopping at the end of the
-turn), with and without ``prompt_lookup_num_tokens=k``. The last line printed is a JSON object.
+turn), with and without ``prompt_lookup_num_tokens=k``.
+
+``--swarm``: the same work through a swarm of two servers on 127.0.0.1, each serving half
+of SmolLM2's blocks (``models.remote``; fp32 on the CPU), for the cases token, ff and
+lookup_ff: round trips per output token (one forward is one step through both servers)
+and time per output token. Saved as ``speculative_swarm``. The last line printed is a JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
+import tempfile
 
 import torch
 from common import count_positions, emit, median, timed
@@ -30,6 +38,7 @@ from pydantic import BaseModel
 from support.real import smollm2
 
 from continuous import PromptLookup, chat, continuous, generate, models
+from continuous.demo.swarm import Swarm
 
 NAMES = ["Maria Lopez", "John Smith", "Aiko Tanaka", "Pierre Martin", "Fatima Ali", "Lars Berg", "Chen Wei",
          "Olga Ivanova", "Diego Ruiz", "Amara Okafor"]
@@ -103,6 +112,8 @@ def parse_args():
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--k", type=int, default=8, help="tokens drafted per step")
     parser.add_argument("--ngram", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=160, help="tokens per ticket at most")
+    parser.add_argument("--swarm", action="store_true", help="through a local swarm of two servers")
     return parser.parse_args()
 
 
@@ -110,6 +121,22 @@ def prompt_of(model, message: str) -> str:
     ask = ("Extract the support ticket from this message as JSON with the fields customer, email, order_number, "
            "product, city and problem, each copied from the message. Message: " + message)
     return chat.prompt(model, [{"role": "user", "content": ask}])
+
+
+def cases_of(model, args) -> dict:
+    """Per case, the generator and the call's options."""
+    json_gen = generate.json(model, Ticket)
+    return {"token": (continuous(json_gen, fast_forward=False), {}), "ff": (continuous(json_gen), {}),
+            "lookup_ff": (continuous(json_gen), {"speculate": PromptLookup(k=args.k, ngram=args.ngram)})}
+
+
+def prefilled(model, prompts, cases) -> list:
+    """The prompts' states, prefilled (decoding is timed), after a warm-up of every case."""
+    free = continuous(generate.text(model))
+    bases = [free(p, max_tokens=0) for p in prompts]
+    for gen, kwargs in cases.values():
+        gen(bases[0], max_tokens=4, **kwargs)  # warm up (the constraint's tokenizer conversion, first kernels)
+    return bases
 
 
 def ours(model, bases, cases, reps, max_tokens):
@@ -158,20 +185,48 @@ def hf_generate(model, prompts, reps, max_tokens, k):
     return out
 
 
+def on_swarm(args, data) -> None:
+    """The extraction through two local servers, each holding half of the blocks."""
+    path = smollm2()
+    with open(path / "config.json") as f:
+        layers = json.load(f)["num_hidden_layers"]
+    with tempfile.TemporaryDirectory() as logs, Swarm(path, logs, max_length=1024) as swarm:
+        swarm.start(f"0:{layers // 2}")
+        swarm.start(f"{layers // 2}:{layers}")
+        remote = models.remote(path, initial_peers=swarm.maddrs, max_length=1024, max_batch=1)
+        try:
+            cases = cases_of(remote, args)
+            bases = prefilled(remote, [prompt_of(remote, m) for m, _ in data], cases)
+            results = ours(remote, bases, cases, args.reps, args.max_tokens)
+        finally:
+            remote.model.shutdown()
+    ms = {k: round(median(v["ms"]), 3) for k, v in results.items()}
+    trips = {k: v["calls_per_token"] for k, v in results.items()}
+    same = all(r["ids"] == results["ff"]["ids"] for r in results.values())
+    table = [("", "ms/output token", "vs token", "round trips/output token", "tokens", "drafted", "accepted")]
+    for name, r in results.items():
+        table.append((name, f"{ms[name]:.2f}", f"{ms[name] / ms['token']:.2f}x", trips[name], r["tokens"],
+                      r["drafted"], r["accepted"]))
+    lookup = results["lookup_ff"]
+    result = {"bench": "speculative_swarm", "model": "SmolLM2-135M-Instruct", "servers": 2, "k": args.k,
+              "ngram": args.ngram, "messages": len(data), "max_tokens": args.max_tokens,
+              "ms_per_output_token": ms, "round_trips_per_output_token": trips,
+              "tokens": {k: v["tokens"] for k, v in results.items()}, "drafted": lookup["drafted"],
+              "accepted": lookup["accepted"], "same_outputs": same}
+    emit("speculative_swarm", table, result, args.save)
+
+
 def main():
     args = parse_args()
+    data = messages(2 if args.quick else 10)
+    if args.swarm:
+        return on_swarm(args, data)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     model = models.transformers(smollm2(), device=args.device, dtype=dtype)
-    data = messages(2 if args.quick else 10)
-    max_tokens = 160
+    max_tokens = args.max_tokens
     prompts = [prompt_of(model, m) for m, _ in data]
-    json_gen = generate.json(model, Ticket)
-    cases = {"token": (continuous(json_gen, fast_forward=False), {}), "ff": (continuous(json_gen), {}),
-             "lookup_ff": (continuous(json_gen), {"speculate": PromptLookup(k=args.k, ngram=args.ngram)})}
-    free = continuous(generate.text(model))
-    bases = [free(p, max_tokens=0) for p in prompts]  # prefilled once: decoding is timed
-    for gen, kwargs in cases.values():
-        gen(bases[0], max_tokens=4, **kwargs)  # warm up (the constraint's tokenizer conversion, first kernels)
+    cases = cases_of(model, args)
+    bases = prefilled(model, prompts, cases)
     results = ours(model, bases, cases, args.reps, max_tokens)
     results.update(hf_generate(model, prompts, args.reps, max_tokens, args.k))
     ms = {k: round(median(v["ms"]), 3) for k, v in results.items()}

@@ -12,7 +12,7 @@ import pytest
 import torch
 from support.models import ARCHITECTURES, build_arch, hf_greedy, real_tokenizer
 
-from continuous import continuous, generate, models
+from continuous import PromptLookup, continuous, generate, models
 
 pytestmark = pytest.mark.slow  # make test-fast leaves it out
 
@@ -138,3 +138,34 @@ def test_json_completes_on_a_random_model_with_the_default_whitespace(arch):
               "required": ["city", "age", "ok"], "additionalProperties": False}
     state = continuous(generate.json(model, schema))(PROMPT + "\nJSON: ", max_tokens=60)
     assert state.finish_reasons == ["eos"] and set(state.value) == {"city", "age", "ok"}
+
+
+
+
+def test_prompt_lookup_leaves_greedy_outputs_as_they_are(arch):
+    """Drafts copied from a context that repeats itself (each row's prompt, the model's own
+    continuation, the prompt again), checked past the sliding window, in a batch whose rows
+    keep different numbers of drafted tokens (holes between their tokens)."""
+    name, hf, tok, model = arch
+    text = continuous(generate.text(model))
+    schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 40}, "n": {"type": "integer"}},
+              "required": ["s", "n"], "additionalProperties": False}
+    prompts = [PROMPT[:48], '{"s":"Naïve façade, 東京 🙂","n":12} ']  # JSON to copy into JSON
+    drafted = {}
+    for kind, made, rows in (("text", generate.text(model), prompts),
+                             ("json", generate.json(model, schema, whitespace_pattern=""), prompts[::-1])):
+        gen = continuous(made)
+        for p in (rows[:1], rows):
+            context = text(p, max_tokens=16) + p
+            plain = gen(context, max_tokens=30)
+            model.stats.reset()
+            state = gen(context, max_tokens=30, speculate=PromptLookup(k=4, ngram=2))
+            assert list(state) == list(plain)
+            for r in range(len(p)):
+                assert real_ids(state, r) == real_ids(plain, r)
+            drafted[kind, len(p)] = model.stats.tokens_drafted
+            # The state goes on as the one made without drafts.
+            assert real_ids(text(state, max_tokens=6)) == real_ids(text(plain, max_tokens=6))
+    # Free text drafts only where the random model repeats its own continuation (the
+    # architectures with a sliding window do); JSON always copies from its prompt.
+    assert drafted["json", 1] > 0 and drafted["json", 2] > 0

@@ -72,6 +72,21 @@ class Grid:
         self.trailing[row] = True
         self.all_real = False
 
+    def drop_empty_tail(self) -> int:
+        """Drop the newest columns where no row holds a real token (drafts no row kept); return
+        the slots left. The next step then writes over them: a cache cropped to the same width
+        holds no hole for them, and a row that ends in a real token is whole again."""
+        n = len(self.columns)
+        while n and not any(self.reals[n - 1]):
+            n -= 1
+        if n < len(self.columns):
+            del self.columns[n:], self.reals[n:]
+            self.attention_mask = self.attention_mask[:, : self.width0 + n]
+            last = self.reals[n - 1] if n else (self.real[:, -1] == 1).tolist()
+            self.trailing = [not ok for ok in last]
+            self.all_real = bool(self.real.all()) and all(map(all, self.reals))
+        return self.width0 + n
+
     def append(self, chunks: list[list[int]], plain: bool, rewound: bool) -> tuple[list[range], list[list[int]]]:
         """Append each row's new tokens, right-aligned; return each row's slots and the new ids.
 

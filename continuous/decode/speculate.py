@@ -377,7 +377,10 @@ class Speculation:
     tokens only), with ``logits_to_keep`` covering them. :meth:`verify` runs after that
     forward: each row takes the drafted tokens acceptance keeps as if its own steps had
     generated them (its history and text, its matcher, its weight and the batch's step
-    columns, the cost), and the slots of the rest become holes. Under sampling, a row
+    columns, the cost), and the slots of the rest become holes; the newest slots that no
+    row kept are cropped off, cache included, so that the next step writes over them (a
+    swarm session rewinds within that step: a draft costs one round trip, rejected or not,
+    and leaves nothing in the session). Under sampling, a row
     whose check decided its next token (a rejected draft's replacement) has it imposed at
     the next step by :meth:`override`.
 
@@ -435,6 +438,7 @@ class Speculation:
             drafted += n
             kept_lps[r], picks[r] = lps, m - 1 - n + kept
         dec.model.stats.record_draft(drafted, sum(map(len, kept_lps.values())))
+        _crop(batch, dec.grid.drop_empty_tail())
         if picks:  # each row's logits are those after its last kept token
             rows = torch.tensor(list(picks), device=logits.device)
             batch.logits = batch.logits.clone()
@@ -544,6 +548,14 @@ class Speculation:
             weights[r] = before[r] + logprob
         self.next.clear()
         return ids, weights
+
+
+def _crop(batch, width: int) -> None:
+    """Crop the cache to the grid's ``width`` slots: the next forward writes where the dropped
+    drafts were, in place (on a swarm, the session rewinds within that same step)."""
+    if width < batch.cache.length:
+        batch.cache.release(width)
+        batch.cache = batch.cache.crop(width)
 
 
 def _record(logp: torch.Tensor, token: int, lp: float, forced: bool, top: int) -> tuple:

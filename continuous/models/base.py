@@ -101,6 +101,10 @@ class Cache(Protocol):
     def crop(self, length: int) -> "Cache | None":
         """The view on the first ``min(length, self.length)`` slots (``None`` when empty)."""
 
+    def release(self, length: int) -> None:
+        """This view is being dropped for its first ``length`` slots: what it held past them
+        may be written over (a crop that the next forward appends to in place)."""
+
     def select_rows(self, rows: torch.Tensor) -> "Cache":
         """The cache of the given rows (indices may repeat, for forks and beams)."""
 

@@ -116,6 +116,9 @@ class RemoteCache:
         length = min(length, self.length)
         return RemoteCache(self._handle, self._chunk, length, self._epoch, self._rows) if length > 0 else None
 
+    def release(self, length: int) -> None:
+        """Nothing to give back here: a step that starts at ``length`` rewinds the session there."""
+
     def storage(self) -> tuple[_Handle, int]:
         """The session's handle; the memory is on the servers, none here."""
         return self._handle, 0
@@ -134,6 +137,11 @@ class Remote:
 
     Attributes: ``model`` (the local :class:`~continuous.remote.DistributedModelForCausalLM`),
     ``tokenizer``, ``stats``, ``vocab_size``, ``max_length``.
+
+    Each forward is one round trip: one step message through each server of the chain,
+    however many slots it carries (a speculative draft with the step's tokens) and wherever
+    it starts (a rewind goes with it), so ``stats.forward_calls`` counts the round trips
+    (the replays of a failover aside).
     """
 
     def __init__(self, model, tokenizer, *, max_length: int, max_batch: int, generation_config=None):

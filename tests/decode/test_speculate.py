@@ -160,6 +160,21 @@ GENERATORS = {
 }
 
 
+@pytest.mark.parametrize("kind", ["text", "json"])
+def test_a_row_keeps_no_slot_of_its_rejected_drafts(model, other, kind):
+    """The slots of drafts no row kept are written over by the next step: a row's state, its
+    cache included, is laid out as without speculation (a swarm session cannot squeeze holes out)."""
+    gen = continuous(KINDS[kind](model))
+    prompt = "the cat sat the cat sat the cat"
+    plain = gen(prompt, max_tokens=24)
+    model.stats.reset()
+    state = gen(prompt, max_tokens=24, speculate=DraftModel(other, k=3))  # drafts at every step, mostly wrong
+    same(plain, state)
+    assert model.stats.tokens_drafted > model.stats.tokens_accepted
+    assert torch.equal(state.attention_mask, plain.attention_mask)
+    assert state._rows.cache.length == plain._rows.cache.length
+
+
 @pytest.mark.parametrize("kind", list(GENERATORS))
 def test_bans_stops_healing_and_no_fast_forward_see_only_kept_text(model, kind):
     prompt = "User: Tell me about Omar. Omar is Omar.\nAssistant:"
