@@ -41,6 +41,7 @@ import resource
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -55,8 +56,8 @@ PROMPT = ("The history of the printing press begins in the fifteenth century, wh
           "combined movable metal type, oil-based ink and a wooden screw press. Within fifty years,")
 
 #: name: (weights' dtype, ``compile=`` of ``models.transformers``, inductor options). Options
-#: stand for a ``compile=`` that the library does not take yet: the benchmark swaps in
-#: ``torch.compile(step, options=...)`` for the step the wrapper compiles.
+#: stand for a ``compile=`` that the library does not take yet: the benchmark sets them
+#: around each call of the step the wrapper compiled (:func:`patched`).
 VARIANTS = {
     "eager": (torch.float32, False, None),
     "compiled": (torch.float32, True, None),
@@ -110,7 +111,7 @@ def ours(cell: dict) -> dict:
     hf, tok, _ = load(cell["model"])
     model = models.transformers(hf, tok, dtype=dtype, compile=compile)
     if options:
-        model.compiled = torch.compile(model._step, options=options, dynamic=False)
+        model.compiled = patched(model.compiled, options)
     gen = continuous(generate.text(model))
     base = gen(PROMPT, max_tokens=0)  # the prefill, with the logits of the first token kept
     first, warm_s = timed(lambda: gen(base, max_tokens=cell["tokens"]))  # compiles each shape once
@@ -124,6 +125,21 @@ def ours(cell: dict) -> dict:
     assert ids == first.token_ids[0][first.attention_mask[0].bool()].tolist(), "greedy outputs moved between runs"
     return {"ms": median(runs) * 1e3, "ids": ids[n_prompt:], "prompt_ids": ids[:n_prompt],
             "first_run_s": round(warm_s, 2), "peak_rss_mb": peak_rss_mb()}
+
+
+def patched(compiled, options: dict):
+    """``compiled``, called with inductor's ``options`` set: the prototype of a ``compile=`` that sets them.
+
+    Freezing must be on while dynamo traces, not only in inductor (dynamo then makes the
+    weights graph constants): ``torch.compile(options=...)`` reaches inductor alone, so the
+    options are set around every call, which traces on a new shape.
+    """
+
+    def step(*args):
+        with torch._inductor.config.patch(options):
+            return compiled(*args)
+
+    return step
 
 
 class _Clock:
@@ -217,7 +233,11 @@ def in_process(cell: dict, env: dict | None = None) -> dict:
                           env=dict(os.environ, **(env or {})), cwd=Path(__file__).parent)
     if proc.returncode:
         raise RuntimeError(f"cell {cell} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    what = " ".join(str(cell.get(k)) for k in ("model", "threads", "kind", "variant") if cell.get(k)) + \
+        "".join(f" {k}={v}" for k, v in (env or {}).items())
+    print(f"{what}: {result['ms']:.2f} ms" if "ms" in result else what, file=sys.stderr, flush=True)
+    return result
 
 
 # ----- llama.cpp's server -----
@@ -238,16 +258,17 @@ def post(url: str, body: dict | None = None, timeout: float = 600) -> dict:
 @contextmanager
 def llama_server(binary: Path, gguf: Path, threads: int):
     """``llama-server`` on one GGUF file with ``threads`` threads; yields its URL once loaded."""
-    port = free_port()
+    port, log = free_port(), tempfile.TemporaryFile("w+")  # a file: a full pipe would block its logging
     proc = subprocess.Popen([str(binary), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c", "2048",
                              "-np", "1", "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited: {proc.stderr.read()[-2000:]}")
+                log.seek(0)
+                raise RuntimeError(f"llama-server exited: {log.read()[-2000:]}")
             try:
                 post(f"{url}/health", timeout=5)
                 break
@@ -259,6 +280,7 @@ def llama_server(binary: Path, gguf: Path, threads: int):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        log.close()
 
 
 def llamacpp(binary: Path, gguf: Path, threads: int, prompt_ids: list[int], n: int, reps: int) -> dict:
