@@ -97,8 +97,10 @@ def load(name: str):
         AutoTokenizer.from_pretrained(folder), folder
 
 
-def peak_rss_mb() -> float:
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+def memory_mb() -> dict:
+    """This process's resident memory now and at its peak (compiling, autotuning), MB."""
+    now = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return {"rss_mb": round(now, 1), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
 # ----- cells: each runs in its own process (see main) -----
@@ -124,7 +126,7 @@ def ours(cell: dict) -> dict:
     ids = out.token_ids[0][out.attention_mask[0].bool()].tolist()
     assert ids == first.token_ids[0][first.attention_mask[0].bool()].tolist(), "greedy outputs moved between runs"
     return {"ms": median(runs) * 1e3, "ids": ids[n_prompt:], "prompt_ids": ids[:n_prompt],
-            "first_run_s": round(warm_s, 2), "peak_rss_mb": peak_rss_mb()}
+            "first_run_s": round(warm_s, 2)} | memory_mb()
 
 
 def patched(compiled, options: dict):
@@ -170,7 +172,7 @@ def hf_generate(cell: dict) -> dict:
             out = hf.generate(ids, streamer=clock, **kwargs)
             generated = len(clock.times) - 1
             runs.append((clock.times[-1] - clock.times[1]) / max(generated - 1, 1))
-    return {"ms": median(runs) * 1e3, "ids": out[0, ids.shape[1]:].tolist(), "peak_rss_mb": peak_rss_mb()}
+    return {"ms": median(runs) * 1e3, "ids": out[0, ids.shape[1]:].tolist()} | memory_mb()
 
 
 def matrices(hf) -> list[torch.Tensor]:
@@ -345,6 +347,7 @@ def one_config(name: str, threads: int, args) -> dict:
     result = {"ms_per_token": {k: round(v["ms"], 2) for k, v in figures.items()},
               "same_as_eager": {k: v["ids"] == eager["ids"] for k, v in figures.items() if k != "eager"},
               "first_run_s": {k: v["first_run_s"] for k, v in figures.items() if "first_run_s" in v},
+              "rss_mb": {k: v["rss_mb"] for k, v in figures.items() if "rss_mb" in v},
               "peak_rss_mb": {k: v["peak_rss_mb"] for k, v in figures.items() if "peak_rss_mb" in v},
               "tokens": n, "skipped": skipped}
     if wanted("gemv"):
@@ -375,12 +378,13 @@ def gemv_figures(cell: dict, args) -> dict:
 
 
 def table(results: dict) -> list[tuple]:
-    rows = [("model", "threads", "figure", "ms/token", "same as eager", "first run s", "peak MB")]
+    rows = [("model", "threads", "figure", "ms/token", "same as eager", "first run s", "MB (peak)")]
     for name, by_threads in results.items():
         for threads, r in by_threads.items():
             for k, ms in r["ms_per_token"].items():
                 rows.append((name, threads, k, f"{ms:.2f}", r["same_as_eager"].get(k, ""),
-                             r["first_run_s"].get(k, ""), r["peak_rss_mb"].get(k, "")))
+                             r["first_run_s"].get(k, ""),
+                             f"{r['rss_mb'][k]:.0f} ({r['peak_rss_mb'][k]:.0f})" if k in r["rss_mb"] else ""))
             for k, g in r.get("gemv", {}).items():
                 rows.append((name, threads, f"gemv {k}", f"{g['ms']:.2f}", f"{g['gb_s']} GB/s", "", ""))
             for k, g in r.get("gemv_env", {}).items():
