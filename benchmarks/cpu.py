@@ -13,8 +13,8 @@ read once at start-up.
   reference); ``compiled`` (``compile=True``: inductor on the decode step); ``frozen``
   (inductor with ``freezing``: weights folded in as constants and prepacked for the GEMM
   library); ``autotune`` (``compile="max-autotune"``); ``autotune_frozen`` (inductor's
-  CPU GEMM templates only take frozen weights); ``bf16`` and ``bf16_frozen`` (bf16
-  weights). Each with whether its tokens equal ``eager``'s, the first run's seconds
+  CPU GEMM templates only take frozen weights); ``bf16``, ``bf16_no_mkldnn`` (oneDNN
+  off: ATen's own bf16 kernels) and ``bf16_frozen`` (bf16 weights). Each with whether its tokens equal ``eager``'s, the first run's seconds
   (compiling) and the process's peak memory.
 - ``hf``: transformers' ``generate`` on the same prompt ids, timed from its first token.
 - ``llamacpp_f32`` and ``llamacpp_q4_1``: llama.cpp's ``llama-server`` (when built), on
@@ -55,17 +55,19 @@ from floor import _input_embedding, gemv_sweep, step_weight_bytes
 PROMPT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
           "combined movable metal type, oil-based ink and a wooden screw press. Within fifty years,")
 
-#: name: (weights' dtype, ``compile=`` of ``models.transformers``, inductor options). Options
-#: stand for a ``compile=`` that the library does not take yet: the benchmark sets them
-#: around each call of the step the wrapper compiled (:func:`patched`).
+#: name: (weights' dtype, ``compile=`` of ``models.transformers``, inductor options, oneDNN
+#: on). Options stand for a ``compile=`` that the library does not take yet: the benchmark
+#: sets them around each call of the step the wrapper compiled (:func:`patched`). With
+#: oneDNN off (``torch.backends.mkldnn``), bf16 products go to ATen's own kernels.
 VARIANTS = {
-    "eager": (torch.float32, False, None),
-    "compiled": (torch.float32, True, None),
-    "frozen": (torch.float32, True, {"freezing": True}),
-    "autotune": (torch.float32, "max-autotune", None),
-    "autotune_frozen": (torch.float32, True, {"freezing": True, "max_autotune": True}),
-    "bf16": (torch.bfloat16, False, None),
-    "bf16_frozen": (torch.bfloat16, True, {"freezing": True}),
+    "eager": (torch.float32, False, None, True),
+    "compiled": (torch.float32, True, None, True),
+    "frozen": (torch.float32, True, {"freezing": True}, True),
+    "autotune": (torch.float32, "max-autotune", None, True),
+    "autotune_frozen": (torch.float32, True, {"freezing": True, "max_autotune": True}, True),
+    "bf16": (torch.bfloat16, False, None, True),
+    "bf16_no_mkldnn": (torch.bfloat16, False, None, False),
+    "bf16_frozen": (torch.bfloat16, True, {"freezing": True}, True),
 }
 
 #: Threading settings tried on the GEMV sweep, each in a fresh process: environment
@@ -109,7 +111,8 @@ def ours(cell: dict) -> dict:
     """ms per token of a variant of ``continuous(generate.text(model))``, and its token ids."""
     from continuous import continuous, generate, models
 
-    dtype, compile, options = VARIANTS[cell["variant"]]
+    dtype, compile, options, onednn = VARIANTS[cell["variant"]]
+    torch.backends.mkldnn.set_flags(onednn)
     hf, tok, _ = load(cell["model"])
     model = models.transformers(hf, tok, dtype=dtype, compile=compile)
     if options:

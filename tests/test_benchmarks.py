@@ -196,7 +196,7 @@ def test_cpu_benchmark_runs_every_variant_and_sweep():
     assert result["bench"] == "cpu" and set(result["models"]) == {"small"}
     figures = result["models"]["small"]["1"]
     fp32 = {"compiled", "frozen", "autotune", "autotune_frozen"}
-    assert set(figures["ms_per_token"]) == {"eager", "hf", "bf16", "bf16_frozen"} | fp32
+    assert set(figures["ms_per_token"]) == {"eager", "hf", "bf16", "bf16_no_mkldnn", "bf16_frozen"} | fp32
     assert all(ms > 0 for ms in figures["ms_per_token"].values())
     # The test model's tokenizer is one llama.cpp's converter does not know: skipped, with the reason.
     assert set(figures["skipped"]) <= {"llamacpp", "llamacpp_f32"} and all(figures["skipped"].values())
