@@ -183,3 +183,40 @@ def test_serve_prefills_only_what_no_earlier_state_holds():
     turns = result["server"]["chat"]["cache_on"]["turns"]
     # From the second turn on, the server reports at least the last turn's prompt as cached.
     assert all(t["cached"] >= prev["prompt"] for prev, t in zip(turns, turns[1:]))
+
+
+@pytest.mark.timeout(1800)  # a fresh process per figure, and five compiled variants
+def test_cpu_benchmark_runs_every_variant_and_sweep():
+    """The CPU step's smoke run: each variant decodes (compiled ones, with frozen weights and
+    inductor's GEMM templates too), fp32 ones give eager's tokens, and every sweep reports."""
+    proc = subprocess.run([sys.executable, str(BENCH / "cpu.py"), "--quick", "--reps", "1"],
+                          cwd=BENCH, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["bench"] == "cpu" and set(result["models"]) == {"small"}
+    figures = result["models"]["small"]["1"]
+    fp32 = {"compiled", "frozen", "autotune", "autotune_frozen"}
+    assert set(figures["ms_per_token"]) == {"eager", "hf", "bf16", "bf16_no_mkldnn", "bf16_frozen"} | fp32
+    assert all(ms > 0 for ms in figures["ms_per_token"].values())
+    # The test model's tokenizer is one llama.cpp's converter does not know: skipped, with the reason.
+    assert set(figures["skipped"]) <= {"llamacpp", "llamacpp_f32"} and all(figures["skipped"].values())
+    assert all(figures["same_as_eager"][k] for k in fp32 | {"hf"})
+    assert set(figures["gemv"]) == {"fp32", "bf16", "fp32_packed", "bf16_packed", "fp32_no_mkldnn", "bf16_no_mkldnn"}
+    assert all(g["ms"] > 0 and g["gb_s"] > 0 for g in figures["gemv"].values())
+    assert "default" in figures["gemv_env"] and len(figures["gemv_env"]) > 1
+
+
+@pytest.mark.real
+@pytest.mark.timeout(1200)
+def test_cpu_benchmark_runs_llamacpp_on_the_same_weights():
+    """With llama-server built: the same greedy tokens from the F32 GGUF of SmolLM2's weights."""
+    from support.llamacpp import llama_server
+
+    if llama_server() is None:
+        pytest.skip("llama-server is not built (python tests/support/llamacpp.py server)")
+    proc = subprocess.run([sys.executable, str(BENCH / "cpu.py"), "--quick", "--reps", "1", "--models", "smollm2",
+                           "--only", "llamacpp"], cwd=BENCH, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])["models"]["smollm2"]["1"]
+    assert set(figures["ms_per_token"]) == {"eager", "llamacpp_f32", "llamacpp_q4_1"} and not figures["skipped"]
+    assert figures["same_as_eager"]["llamacpp_f32"]
