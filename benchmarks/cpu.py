@@ -55,19 +55,18 @@ from floor import _input_embedding, gemv_sweep, step_weight_bytes
 PROMPT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
           "combined movable metal type, oil-based ink and a wooden screw press. Within fifty years,")
 
-#: name: (weights' dtype, ``compile=`` of ``models.transformers``, inductor options, oneDNN
-#: on). Options stand for a ``compile=`` that the library does not take yet: the benchmark
-#: sets them around each call of the step the wrapper compiled (:func:`patched`). With
-#: oneDNN off (``torch.backends.mkldnn``), bf16 products go to ATen's own kernels.
+#: name: (weights' dtype, ``compile=`` of ``models.transformers``, oneDNN on). A dict of
+#: ``compile=`` is inductor's options, set around the compiled step. With oneDNN off
+#: (``torch.backends.mkldnn``), bf16 products go to ATen's own kernels.
 VARIANTS = {
-    "eager": (torch.float32, False, None, True),
-    "compiled": (torch.float32, True, None, True),
-    "frozen": (torch.float32, True, {"freezing": True}, True),
-    "autotune": (torch.float32, "max-autotune", None, True),
-    "autotune_frozen": (torch.float32, True, {"freezing": True, "max_autotune": True}, True),
-    "bf16": (torch.bfloat16, False, None, True),
-    "bf16_no_mkldnn": (torch.bfloat16, False, None, False),
-    "bf16_frozen": (torch.bfloat16, True, {"freezing": True}, True),
+    "eager": (torch.float32, False, True),
+    "compiled": (torch.float32, True, True),
+    "frozen": (torch.float32, {"freezing": True}, True),
+    "autotune": (torch.float32, "max-autotune", True),
+    "autotune_frozen": (torch.float32, {"freezing": True, "max_autotune": True}, True),
+    "bf16": (torch.bfloat16, False, True),
+    "bf16_no_mkldnn": (torch.bfloat16, False, False),
+    "bf16_frozen": (torch.bfloat16, {"freezing": True}, True),
 }
 
 #: Threading settings tried on the GEMV sweep, each in a fresh process: environment
@@ -111,12 +110,10 @@ def ours(cell: dict) -> dict:
     """ms per token of a variant of ``continuous(generate.text(model))``, and its token ids."""
     from continuous import continuous, generate, models
 
-    dtype, compile, options, onednn = VARIANTS[cell["variant"]]
+    dtype, compile, onednn = VARIANTS[cell["variant"]]
     torch.backends.mkldnn.set_flags(onednn)
     hf, tok, _ = load(cell["model"])
     model = models.transformers(hf, tok, dtype=dtype, compile=compile)
-    if options:
-        model.compiled = patched(model.compiled, options)
     gen = continuous(generate.text(model))
     base = gen(PROMPT, max_tokens=0)  # the prefill, with the logits of the first token kept
     first, warm_s = timed(lambda: gen(base, max_tokens=cell["tokens"]))  # compiles each shape once
@@ -130,21 +127,6 @@ def ours(cell: dict) -> dict:
     assert ids == first.token_ids[0][first.attention_mask[0].bool()].tolist(), "greedy outputs moved between runs"
     return {"ms": median(runs) * 1e3, "ids": ids[n_prompt:], "prompt_ids": ids[:n_prompt],
             "first_run_s": round(warm_s, 2)} | memory_mb()
-
-
-def patched(compiled, options: dict):
-    """``compiled``, called with inductor's ``options`` set: the prototype of a ``compile=`` that sets them.
-
-    Freezing must be on while dynamo traces, not only in inductor (dynamo then makes the
-    weights graph constants): ``torch.compile(options=...)`` reaches inductor alone, so the
-    options are set around every call, which traces on a new shape.
-    """
-
-    def step(*args):
-        with torch._inductor.config.patch(options):
-            return compiled(*args)
-
-    return step
 
 
 class _Clock:

@@ -102,3 +102,17 @@ def test_a_short_run_of_tokens_is_one_compiled_step(arch):
              for m in (eager, compiled)]
     assert texts[0] == texts[1]
     assert any(1 < w <= 8 for w in calls[2:])
+
+
+def test_inductor_options_freeze_the_weights_and_keep_the_outputs():
+    """``compile=`` as inductor's options: frozen weights and its C++ GEMM templates, eager's tokens."""
+    hf, tok = build_arch("llama", max_position_embeddings=256)
+    ref = continuous(generate.text(models.transformers(hf, tok)))(PROMPTS, max_tokens=20)
+    options = {"freezing": True, "max_autotune": True}
+    model = models.transformers(hf, tok, compile=options)
+    assert model is models.transformers(hf, tok, compile=dict(reversed(options.items())))
+    out = continuous(generate.text(model))(PROMPTS, max_tokens=20)
+    assert list(out) == list(ref) and torch.equal(out.token_ids, ref.token_ids)
+    assert not torch._inductor.config.freezing  # set around the compiled calls only
+    with pytest.raises(ValueError, match="no_such_option"):
+        models.transformers(hf, tok, compile={"no_such_option": True})

@@ -45,7 +45,7 @@ class Transformers:
     be safe to call concurrently (inference-mode PyTorch modules are).
     """
 
-    def __init__(self, model, tokenizer, compile: bool | str = False, prefill_chunk: int = PREFILL_CHUNK,
+    def __init__(self, model, tokenizer, compile: bool | str | dict = False, prefill_chunk: int = PREFILL_CHUNK,
                  prefix_cache: int | str | None = None):
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError("continuous needs a fast (Rust) tokenizer: it maps characters to tokens "
@@ -77,7 +77,16 @@ class Transformers:
             # (a buffer's capacity), so that nothing is specialized on the step; on CUDA
             # "reduce-overhead" also captures them in CUDA graphs. Prefills stay eager.
             mode = compile if isinstance(compile, str) else ("reduce-overhead" if self.device.type == "cuda" else None)
-            self.compiled = torch.compile(self._step, mode=mode, dynamic=False)
+            # Inductor options are set around every call, not given to torch.compile: dynamo
+            # reads "freezing" while it traces (to make the weights constants), and
+            # torch.compile's options reach inductor alone.
+            self._inductor = dict(compile) if isinstance(compile, dict) else {}
+            try:
+                with torch._inductor.config.patch(self._inductor):
+                    pass
+            except (AttributeError, KeyError, TypeError) as exc:
+                raise ValueError(f"compile={compile!r}: not inductor's options ({exc})") from None
+            self.compiled = torch.compile(self._step, mode=None if self._inductor else mode, dynamic=False)
             # Each (rows, capacity, mask kind) is a shape of its own. Past dynamo's
             # default of 8 compiled shapes per function, every new shape would run eager
             # steps for the rest of the process, with one log line as the only sign.
@@ -225,7 +234,7 @@ class Transformers:
             as_bias = lambda m: torch.zeros(m.shape, dtype=self.dtype, device=self.device).masked_fill(~m, low)  # noqa: E731
             masks = {k: as_bias(m) for k, m in masks.items()} if isinstance(masks, dict) else as_bias(masks)
         cache = StaticStepCache.of(fc, self.kinds, write_at)
-        with torch.inference_mode():
+        with torch.inference_mode(), torch._inductor.config.patch(self._inductor):
             # A copy: a CUDA graph's outputs live in its pool, and its next replay writes there.
             return self.compiled(input_ids, query, masks, cache, slots[n_real - 1 : n_real]).clone()
 
@@ -311,7 +320,7 @@ def _check_chunk(size) -> int:
     return size
 
 
-def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, compile: bool | str = False,
+def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, compile: bool | str | dict = False,
                  prefix_cache: int | str | None = None, prefill_chunk: int = PREFILL_CHUNK,
                  **from_pretrained) -> Transformers:
     """A local transformers model.
@@ -335,6 +344,12 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
         A shape is a number of rows and a buffer capacity (a power of two); dynamo's
         per-function limit of compiled shapes is raised to :data:`COMPILED_SHAPES`
         (a process-wide setting) so that batch sizes and lengths do not fall back to eager.
+        A dict is inductor's options, set while the step runs: on a CPU,
+        ``{"freezing": True, "max_autotune": True}`` makes the weights constants of
+        the compiled step, prepacked for inductor's C++ GEMM templates, which decode
+        faster at a few rows. The frozen copy then lives beside the model's own weights
+        (prefills run eagerly on those), and later changes to the model's weights
+        do not reach compiled steps.
     prefix_cache
         Keep recent states within this many bytes of KV cache (an int, or a string such as
         ``"2GB"``), so that a later prompt starting with a kept state's tokens forwards
@@ -391,7 +406,8 @@ def _wrapper(model, tokenizer, compile, prefill_chunk: int, prefix_cache) -> Tra
     """One wrapper per model and options, reused while it describes the model: moved or cast
     (in place, as ``model.to`` does), the model gets a new one."""
     wrappers = _WRAPPED.setdefault(model, {})
-    key = (id(tokenizer), compile, prefill_chunk, prefix_cache)
+    key = (id(tokenizer), tuple(sorted(compile.items())) if isinstance(compile, dict) else compile, prefill_chunk,
+           prefix_cache)
     wrapped = wrappers.get(key)
     weights = next(model.parameters())
     if (wrapped is None or wrapped.tokenizer is not tokenizer or wrapped.dtype != weights.dtype
