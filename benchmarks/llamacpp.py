@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib.util
 import json
 import socket
 import subprocess
@@ -334,9 +335,7 @@ def parse_args() -> argparse.Namespace:
 
 def installed(quick: bool):
     """llama-server's path, or ``None`` where a quick run goes on without it; exits where nothing can run."""
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("llama_cpp") is None:
         if not quick:
             sys.exit("llama-cpp-python is not installed: pip install continuous[llamacpp] (or make llamacpp)")
         print("skipped: llama-cpp-python is not installed (pip install continuous[llamacpp])")

@@ -29,6 +29,7 @@ KEYS = {
     "speculative": {"ms_per_output_token": {"token", "ff", "lookup_ff", "hf", "hf_lookup"},
                     "forwards_per_output_token": {"token", "ff", "lookup_ff", "hf", "hf_lookup"}},
     "serve": {"models": {"small"}},
+    "llamacpp": {"f32": {"decode", "chat", "json", "concurrent", "memory_mb"}, "q4_1": {"decode", "memory_mb"}},
 }
 
 
@@ -183,3 +184,23 @@ def test_serve_prefills_only_what_no_earlier_state_holds():
     turns = result["server"]["chat"]["cache_on"]["turns"]
     # From the second turn on, the server reports at least the last turn's prompt as cached.
     assert all(t["cached"] >= prev["prompt"] for prev, t in zip(turns, turns[1:]))
+
+
+@pytest.mark.real
+def test_llamacpp_gives_the_servers_greedy_outputs_and_forwards_less_of_the_chat():
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install continuous[llamacpp]")
+    from support.llamacpp import llama_server
+
+    if llama_server() is None:
+        pytest.skip("llama-server is not built: python tests/support/llamacpp.py server")
+    result = run("llamacpp")
+    f32 = result["f32"]
+    assert result["server"] and all(row["same"] for row in f32["decode"].values())
+    chat = f32["chat"]
+    # The same template on both sides: the same prompts, and the same greedy answers at F32.
+    assert chat["prompt_tokens_per_turn"]["ours"] == chat["prompt_tokens_per_turn"]["server"] and chat["same"]
+    ours, server = chat["prefilled_per_turn"]["ours"], chat["prefilled_per_turn"]["server"]
+    assert ours[0] == server[0] == chat["prompt_tokens_per_turn"]["ours"][0]  # the first turn: its whole prompt
+    assert all(0 < a <= b for a, b in zip(ours[1:], server[1:]))  # then: never more than the server re-prefills
+    assert f32["json"]["same_values"] and f32["concurrent"]["same"]
+    assert all(v > 0 for section in (f32, result["q4_1"]) for v in section["memory_mb"].values())
