@@ -197,29 +197,29 @@ def chat_turns(model, server, turns: int, answer: int, reps: int) -> dict:
     warm_up(gen, first, server, tok(first)["input_ids"])
 
     def ours(rep):
-        conv, prefilled, prompts, began = chat.Conversation(model), [], [], time.perf_counter()
+        conv, prefilled, began = chat.Conversation(model), [], time.perf_counter()
         for question in questions:
             tokens, calls = stats.tokens_forwarded, stats.forward_calls
             conv.add("user", question).reply(gen, max_tokens=answer)
             # One call forwards its prompt's new tokens (under one prefill chunk), then one token a step.
             prefilled.append((stats.tokens_forwarded - tokens) - (stats.forward_calls - calls - 1))
-            prompts.append(len(tok(chat.prompt(model, conv.messages[:-1]))["input_ids"]))
-        ids = [tok(m["content"], add_special_tokens=False)["input_ids"] for m in conv.messages[1::2]]
-        return {"seconds": time.perf_counter() - began, "prefilled": prefilled, "prompts": prompts, "tokens": ids}
+        seconds, messages = time.perf_counter() - began, conv.messages
+        prompts = [len(tok(chat.prompt(model, messages[:k]))["input_ids"]) for k in range(1, len(messages), 2)]
+        ids = [tok(m["content"], add_special_tokens=False)["input_ids"] for m in messages[1::2]]
+        return {"seconds": seconds, "prefilled": prefilled, "prompts": prompts, "tokens": ids}
 
     def theirs(rep):
         server.post("/slots/0?action=erase", {})  # each rep starts cold, as ours does
-        messages, prefilled, prompts, ids, began = [], [], [], [], time.perf_counter()
+        messages, replies, began = [], [], time.perf_counter()
         for question in questions:
             messages.append({"role": "user", "content": question})
-            answer_ = server.post("/v1/chat/completions", {"messages": messages, "max_tokens": answer,
-                                                           "temperature": 0, "top_k": 1})
-            content = answer_["choices"][0]["message"]["content"]
-            messages.append({"role": "assistant", "content": content})
-            prefilled.append(answer_["timings"]["prompt_n"])
-            prompts.append(answer_["usage"]["prompt_tokens"])
-            ids.append(tok(content, add_special_tokens=False)["input_ids"])
-        return {"seconds": time.perf_counter() - began, "prefilled": prefilled, "prompts": prompts, "tokens": ids}
+            replies.append(server.post("/v1/chat/completions", {"messages": messages, "max_tokens": answer,
+                                                                "temperature": 0, "top_k": 1}))
+            messages.append({"role": "assistant", "content": replies[-1]["choices"][0]["message"]["content"]})
+        seconds = time.perf_counter() - began
+        return {"seconds": seconds, "prefilled": [r["timings"]["prompt_n"] for r in replies],
+                "prompts": [r["usage"]["prompt_tokens"] for r in replies],
+                "tokens": [tok(m["content"], add_special_tokens=False)["input_ids"] for m in messages[1::2]]}
 
     runs = interleaved(reps, {"ours": ours, **({"server": theirs} if server else {})})
     out = summary(runs, "seconds")
