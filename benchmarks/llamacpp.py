@@ -236,19 +236,19 @@ def extraction(model, server, documents: int, reps: int) -> dict:
     prompts = [chat.prompt(model, [{"role": "user", "content": "Extract the order as JSON with fields customer, "
                                     f"item, quantity. Message: '{message}'"}]) for message, _ in orders(False)]
     prompts = prompts[:documents]
+    ids = [tok(p)["input_ids"] for p in prompts]
     gen, schema = continuous(generate.json(model, Order)), Order.model_json_schema()
-    warm_up(gen, prompts[0], server, tok(prompts[0])["input_ids"], json_schema=schema)
+    warm_up(gen, prompts[0], server, ids[0], json_schema=schema)
 
     def ours(rep):
         states, seconds = timed(lambda: [gen(p, max_tokens=96) for p in prompts])
         texts = [str(s)[len(p):] for s, p in zip(states, prompts)]
-        return {"seconds": seconds / len(prompts), "tokens": [s.value.model_dump() for s in states], "texts": texts}
+        return {"seconds": seconds / len(prompts), "tokens": [parsed(t) for t in texts], "texts": texts}
 
     def theirs(rep):
-        answers, seconds = timed(lambda: [server.complete(tok(p)["input_ids"], 96, json_schema=schema)
-                                          for p in prompts])
+        answers, seconds = timed(lambda: [server.complete(i, 96, json_schema=schema) for i in ids])
         texts = [a["content"] for a in answers]
-        return {"seconds": seconds / len(prompts), "tokens": [json.loads(t) for t in texts], "texts": texts,
+        return {"seconds": seconds / len(prompts), "tokens": [parsed(t) for t in texts], "texts": texts,
                 "prefilled": [a["timings"]["prompt_n"] for a in answers]}
 
     runs = interleaved(reps, {"ours": ours, **({"server": theirs} if server else {})})
@@ -260,6 +260,14 @@ def extraction(model, server, documents: int, reps: int) -> dict:
         out["server_prefilled"] = runs["server"][0]["prefilled"]
     out["outputs"] = runs["ours"][0]["texts"]
     return out
+
+
+def parsed(text: str):
+    """The JSON value of an output, or ``None`` where it is not JSON (cut by the token limit)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
 
 
 def client_prompts(tokenizer, clients: int, rep: int) -> list[str]:
