@@ -1,6 +1,6 @@
 """llama.cpp's own server against the library on ``models.llamacpp``: the same GGUF, threads, greedy decoding.
 
-    python benchmarks/llamacpp.py [--quick] [--save] [--reps N]
+    python benchmarks/llamacpp.py [--quick] [--save] [--reps N] [--torch-threads N]
 
 SmolLM2-135M-Instruct, F32 (converted by llama.cpp's ``convert_hf_to_gguf.py``), a KV cache
 of F32 on both sides (``-ctk f32 -ctv f32`` / ``type_k="f32", type_v="f32"``), ``-c 4096`` /
@@ -30,6 +30,9 @@ earlier rep's prompt). Prompts reach it as our tokenizer's ids, and reps are int
   the server's pid, and a subprocess of ours that only loads the model and serves it;
 - ``q4_1``: ``decode`` on SmolLM2's Q4_1 GGUF, and the serving processes' peak RSS.
 
+Our process also runs torch, on the logits between llama.cpp's decodes (constraint masks,
+sampling), on torch's default threads unless ``--torch-threads`` says otherwise.
+
 Greedy outputs are compared token by token (``same``). ``--quick`` is a smoke run (tiny
 sizes; without llama-server only our side runs, and without llama-cpp-python nothing).
 The last line printed is one JSON object.
@@ -51,6 +54,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import torch
 from common import emit, median, random_text, timed
 from real import QUESTIONS, Order, orders
 from serve import concurrently
@@ -312,7 +316,8 @@ def concurrent(model, server, clients: int, n: int, reps: int) -> dict:
 def ours_peak_rss(gguf: Path, threads: int, clients: int, n: int) -> float:
     """Peak RSS of a fresh process that loads our model and serves the concurrent workload once."""
     proc = subprocess.run([sys.executable, __file__, "--serve-once", str(gguf), "--threads", str(threads),
-                           "--clients", str(clients), "--tokens", str(n)],
+                           "--clients", str(clients), "--tokens", str(n),
+                           "--torch-threads", str(torch.get_num_threads())],
                           cwd=Path(__file__).parent, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"the memory subprocess failed: {proc.stderr[-3000:]}")
@@ -334,6 +339,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--save", action="store_true", help="write benchmarks/results/llamacpp.json")
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions of each side (median)")
+    parser.add_argument("--torch-threads", type=int, help="torch's threads in our process (default: torch's "
+                        "own), which run the logits' processing while llama.cpp runs the model")
     parser.add_argument("--serve-once", metavar="GGUF", help=argparse.SUPPRESS)  # the memory subprocess
     parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--clients", type=int, default=8, help=argparse.SUPPRESS)
@@ -416,6 +423,8 @@ def table(f32: dict, q4: dict, shared: int) -> list[tuple]:
 
 def main():
     args = parse_args()
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     if args.serve_once:
         return serve_once(args)
     binary = installed(args.quick)
@@ -428,7 +437,7 @@ def main():
     f32 = sections(binary, f32_gguf(smollm2()), tokenizer, size, args.reps, every=True)
     q4 = sections(binary, smollm2_gguf(), tokenizer, size, args.reps, every=False)
     result = {"bench": "llamacpp", "model": "SmolLM2-135M-Instruct", "server": binary is not None,
-              "kv_cache": "f32", "n_ctx": N_CTX, "sizes": size, "reps": args.reps, "f32": f32, "q4_1": q4}
+              "kv_cache": "f32", "n_ctx": N_CTX, "torch_threads": torch.get_num_threads(), "sizes": size, "reps": args.reps, "f32": f32, "q4_1": q4}
     emit("llamacpp", table(f32, q4, size["shared"]), result, args.save)
 
 
