@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import importlib.util
 import json
@@ -371,8 +372,6 @@ def installed(quick: bool):
 
 def with_server(binary, gguf: Path, threads: int, slots: int):
     """A running server, or a block that yields ``None`` without one."""
-    import contextlib
-
     return LlamaServer(binary, gguf, threads, slots) if binary else contextlib.nullcontext()
 
 
