@@ -95,7 +95,7 @@ class LlamaServer:
 
     def __enter__(self) -> "LlamaServer":
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log")
-        self.proc = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -321,7 +321,8 @@ def ours_peak_rss(gguf: Path, threads: int, clients: int, n: int) -> float:
     proc = subprocess.run([sys.executable, __file__, "--serve-once", str(gguf), "--threads", str(threads),
                            "--clients", str(clients), "--tokens", str(n),
                            "--torch-threads", str(torch.get_num_threads())],
-                          cwd=Path(__file__).parent, capture_output=True, text=True, timeout=900)
+                          cwd=Path(__file__).parent, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"the memory subprocess failed: {proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_mb"]
