@@ -419,7 +419,8 @@ def table(f32: dict, q4: dict, shared: int) -> list[tuple]:
     rows += [row(f"Q4_1 decode, {t} thread(s)", f, "ms/tok") for t, f in q4["decode"].items()]
     rows.append(row("Q4_1 peak RSS after the clients", q4["memory_mb"], "MB", 0))
     prefill = f32["chat"]["prefilled_per_turn"]
-    rows.append(("chat prompt tokens prefilled per turn", str(prefill["ours"]), str(prefill.get("server", "-")), "", ""))
+    rows.append(("chat prompt tokens prefilled per turn", str(prefill["ours"]), str(prefill.get("server", "-")),
+                 "", ""))
     return rows
 
 
@@ -439,7 +440,8 @@ def main():
     f32 = sections(binary, f32_gguf(smollm2()), tokenizer, size, args.reps, every=True)
     q4 = sections(binary, smollm2_gguf(), tokenizer, size, args.reps, every=False)
     result = {"bench": "llamacpp", "model": "SmolLM2-135M-Instruct", "server": binary is not None,
-              "kv_cache": "f32", "n_ctx": N_CTX, "torch_threads": torch.get_num_threads(), "sizes": size, "reps": args.reps, "f32": f32, "q4_1": q4}
+              "kv_cache": "f32", "n_ctx": N_CTX, "torch_threads": torch.get_num_threads(), "sizes": size,
+              "reps": args.reps, "f32": f32, "q4_1": q4}
     emit("llamacpp", table(f32, q4, size["shared"]), result, args.save)
 
 
