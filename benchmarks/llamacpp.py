@@ -312,7 +312,7 @@ def concurrent(model, server, clients: int, n: int, reps: int) -> dict:
     if server:
         server.complete(tok(client_prompts(tok, 1, -1)[0])["input_ids"], 4)
     out = summary(interleaved(reps, {"ours": ours, **({"server": theirs} if server else {})}), "tokens_per_s")
-    out["clients"] = clients
+    out["clients"] = out.pop("tokens")
     return out
 
 
