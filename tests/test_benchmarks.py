@@ -187,7 +187,7 @@ def test_serve_prefills_only_what_no_earlier_state_holds():
 
 
 @pytest.mark.real
-def test_llamacpp_gives_the_servers_greedy_outputs_and_forwards_less_of_the_chat():
+def test_llamacpp_gives_the_servers_greedy_outputs_and_prefills_no_more_of_the_chat():
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install continuous[llamacpp]")
     from support.llamacpp import llama_server
 
