@@ -29,6 +29,7 @@ KEYS = {
     "speculative": {"ms_per_output_token": {"token", "ff", "lookup_ff", "hf", "hf_lookup"},
                     "forwards_per_output_token": {"token", "ff", "lookup_ff", "hf", "hf_lookup"}},
     "serve": {"models": {"small"}},
+    "llamacpp": {"f32": {"decode", "chat", "json", "concurrent", "memory_mb"}, "q4_1": {"decode", "memory_mb"}},
 }
 
 
@@ -220,3 +221,23 @@ def test_cpu_benchmark_runs_llamacpp_on_the_same_weights():
     figures = json.loads(proc.stdout.strip().splitlines()[-1])["models"]["smollm2"]["1"]
     assert set(figures["ms_per_token"]) == {"eager", "llamacpp_f32", "llamacpp_q4_1"} and not figures["skipped"]
     assert figures["same_as_eager"]["llamacpp_f32"]
+
+
+@pytest.mark.real
+def test_llamacpp_gives_the_servers_greedy_outputs_and_prefills_no_more_of_the_chat():
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install continuous[llamacpp]")
+    from support.llamacpp import llama_server
+
+    if llama_server() is None:
+        pytest.skip("llama-server is not built: python tests/support/llamacpp.py server")
+    result = run("llamacpp")
+    f32 = result["f32"]
+    assert result["server"] and all(row["same"] for row in f32["decode"].values())
+    chat = f32["chat"]
+    # The same template on both sides: the same prompts, and the same greedy answers at F32.
+    assert chat["prompt_tokens_per_turn"]["ours"] == chat["prompt_tokens_per_turn"]["server"] and chat["same"]
+    ours, server = chat["prefilled_per_turn"]["ours"], chat["prefilled_per_turn"]["server"]
+    assert ours[0] == server[0] == chat["prompt_tokens_per_turn"]["ours"][0]  # the first turn: its whole prompt
+    assert all(0 < a <= b for a, b in zip(ours[1:], server[1:]))  # then: never more than the server re-prefills
+    assert f32["json"]["same_values"] and f32["concurrent"]["same"]
+    assert all(v > 0 for section in (f32, result["q4_1"]) for v in section["memory_mb"].values())
