@@ -331,6 +331,16 @@ def test_bad_arguments_are_refused_clearly(gguf, tmp_path, tm):
         models.llamacpp(gguf, n_outputs_max=8, n_seq_max=16)
 
 
+def test_loading_leaves_the_cpu_to_llama_cpp(gguf):
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        models.llamacpp(gguf, n_ctx=256, n_threads=1)
+        assert torch.get_num_threads() == 1  # torch's host work does not fight llama.cpp's threads
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_importing_continuous_does_not_load_llama_cpp():
     code = "import sys, continuous; from continuous import models; print('llama_cpp' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
