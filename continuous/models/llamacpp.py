@@ -554,9 +554,8 @@ def llamacpp(gguf_path, *, n_ctx: int = 4096, n_threads: int | None = None, toke
 
     Notes
     -----
-    Loading sets torch's intra-op threads to one, for the whole process: the CPU is
-    llama.cpp's. A transformers model in the same process then computes on one thread
-    (``torch.set_num_threads`` gives it more).
+    Loading sets torch's intra-op threads to one, process-wide (the CPU is llama.cpp's):
+    a transformers model beside it then needs ``torch.set_num_threads`` to use more.
 
     Raises
     ------
@@ -577,9 +576,8 @@ def llamacpp(gguf_path, *, n_ctx: int = 4096, n_threads: int | None = None, toke
         raise TypeError(f"tokenizer must be a loaded tokenizer, not the path {str(tokenizer)!r}: pass "
                         "AutoTokenizer.from_pretrained(path), or leave it out to read the GGUF file's")
     native = _Native(path, n_ctx, n_threads, dict(llama_kwargs))
-    # torch only runs small host work here (masks and sampling over one row of logits per
-    # row); its thread pool would fight llama.cpp's threads for the cores (a reduction over
-    # SmolLM2's vocabulary took 60 ms instead of 0.5 ms on two cores).
+    # torch's host work here is small (masks, sampling); its pool would fight llama.cpp's
+    # threads for the cores (a reduction over SmolLM2's vocabulary: 60 ms, not 0.5).
     torch.set_num_threads(1)
     if tokenizer is None:
         tokenizer = _gguf_tokenizer(native, path)

@@ -345,11 +345,10 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
         per-function limit of compiled shapes is raised to :data:`COMPILED_SHAPES`
         (a process-wide setting) so that batch sizes and lengths do not fall back to eager.
         A dict is inductor's options, set while the step runs: on a CPU,
-        ``{"freezing": True, "max_autotune": True}`` makes the weights constants of
-        the compiled step, prepacked for inductor's C++ GEMM templates, which decode
-        faster at a few rows. The frozen copy then lives beside the model's own weights
-        (prefills run eagerly on those), and later changes to the model's weights
-        do not reach compiled steps.
+        ``{"freezing": True, "max_autotune": True}`` makes the weights constants of the
+        compiled step, prepacked for inductor's C++ GEMM templates (faster at a few rows).
+        The frozen copy lives beside the model's weights (prefills use those); later
+        changes to the model's weights do not reach compiled steps.
     prefix_cache
         Keep recent states within this many bytes of KV cache (an int, or a string such as
         ``"2GB"``), so that a later prompt starting with a kept state's tokens forwards
