@@ -216,23 +216,6 @@ class _Layer(CacheLayerMixin):
         return -1
 
 
-def _appendable(cache: KVCache | None, rows: int, end: int) -> _Buffer:
-    """A buffer whose slots ``[cache.length, end)`` are this writer's: the tip of the cache's
-    own buffer (claimed), or a copy of the cache with room, or a fresh one."""
-    if cache is None:
-        buffer = _Buffer(rows, capacity_for(end))
-    elif cache._buffer.claim(cache.length, end):
-        return cache._buffer  # the tip of its buffer: append in place
-    else:
-        src = cache._buffer
-        capacity = capacity_for(end)
-        if cache.length == src.filled:
-            capacity = max(capacity, 2 * src.capacity)  # growing the tip: amortized doubling
-        buffer = _gather(src, None, None, cache.length, capacity)
-    buffer.filled = end
-    return buffer
-
-
 class ForwardCache(Cache):
     """The transformers ``Cache`` one forward pass writes into.
 
@@ -253,7 +236,18 @@ class ForwardCache(Cache):
     def __init__(self, cache: KVCache | None, rows: int, n_new: int, layer_kinds: list[bool]):
         self.start = cache.length if cache is not None else 0
         self.end = self.start + n_new
-        self._buffer = _appendable(cache, rows, self.end)
+        if cache is None:
+            self._buffer = _Buffer(rows, capacity_for(self.end))
+            self._buffer.filled = self.end
+        elif cache._buffer.claim(self.start, self.end):
+            self._buffer = cache._buffer  # the tip of its buffer: append in place
+        else:
+            src = cache._buffer
+            capacity = capacity_for(self.end)
+            if cache.length == src.filled:
+                capacity = max(capacity, 2 * src.capacity)  # growing the tip: amortized doubling
+            self._buffer = _gather(src, None, None, cache.length, capacity)
+            self._buffer.filled = self.end
         super().__init__(layers=[_Layer(self, i, sliding) for i, sliding in enumerate(layer_kinds)])
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
