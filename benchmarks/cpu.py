@@ -166,6 +166,21 @@ def matrices(hf) -> list[torch.Tensor]:
     return [p.detach() for p in hf.parameters() if p.dim() == 2 and (p is not embedding or tied)]
 
 
+#: How torch words a kernel's refusal to run without an instruction set.
+CPU_SUPPORT = "needs the cpu support"
+
+
+def bf16_packing() -> str | None:
+    """Why oneDNN cannot prepack bf16 weights on this CPU (``None`` where it can).
+
+    Its bf16 layout needs avx512bw, avx512vl and avx512dq (or avx_ne_convert); an
+    AVX2-only CPU has none of them, and the reorder raises.
+    """
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return None
+    return "oneDNN's bf16 weight packing needs avx512bw+avx512vl+avx512dq or avx_ne_convert, which this CPU lacks"
+
+
 def packed_sweep(weights: list[torch.Tensor]) -> float:
     """Seconds of the GEMV sweep through prepacked weights: the calls frozen inductor makes.
 
@@ -190,17 +205,24 @@ def packed_sweep(weights: list[torch.Tensor]) -> float:
 
 
 def gemv(cell: dict) -> dict:
-    """ms of the bare GEMV sweeps: fp32 and bf16; with ``full``, also prepacked and with oneDNN off."""
+    """ms of the bare GEMV sweeps: fp32 and bf16; with ``full``, also prepacked and with oneDNN off.
+
+    A sweep this CPU cannot run is left out, its reason under ``unavailable``.
+    """
     hf = load(cell["model"])[0]
     bf16 = copy.deepcopy(hf).to(torch.bfloat16)
-    out = {"fp32": gemv_sweep(hf), "bf16": gemv_sweep(bf16)}
+    out, unavailable = {"fp32": gemv_sweep(hf), "bf16": gemv_sweep(bf16)}, {}
     if cell.get("full"):
         out["fp32_packed"] = packed_sweep(matrices(hf))
-        out["bf16_packed"] = packed_sweep(matrices(bf16))
+        if (why := bf16_packing()) is None:
+            out["bf16_packed"] = packed_sweep(matrices(bf16))
+        else:
+            unavailable["bf16_packed"] = why
         with torch.backends.mkldnn.flags(enabled=False):
             out["fp32_no_mkldnn"], out["bf16_no_mkldnn"] = gemv_sweep(hf), gemv_sweep(bf16)
     return {k: v * 1e3 for k, v in out.items()} | {"bytes": {"fp32": step_weight_bytes(hf),
-                                                              "bf16": step_weight_bytes(bf16)}}
+                                                              "bf16": step_weight_bytes(bf16)},
+                                                    "unavailable": unavailable}
 
 
 CELLS = {"ours": ours, "hf": hf_generate, "gemv": gemv}
@@ -322,13 +344,18 @@ def one_config(name: str, threads: int, args) -> dict:
     figures["eager"] = eager
     for variant in VARIANTS:
         if variant != "eager" and wanted(variant):
-            figures[variant] = in_process(cell | {"kind": "ours", "variant": variant})
+            try:
+                figures[variant] = in_process(cell | {"kind": "ours", "variant": variant})
+            except RuntimeError as exc:  # a kernel this CPU lacks: the figure is unavailable, not the run
+                if CPU_SUPPORT not in str(exc):
+                    raise
+                skipped[variant] = str(exc).splitlines()[-1]
     prompt_ids, n = eager["prompt_ids"], len(eager["ids"])
     if wanted("hf"):
         figures["hf"] = in_process(cell | {"kind": "hf", "prompt_ids": prompt_ids, "n": n})
     if wanted("llamacpp"):
-        found, skipped = llamacpp_cells(name, load_folder(name), threads, prompt_ids, n, args.reps)
-        figures |= found
+        found, missing = llamacpp_cells(name, load_folder(name), threads, prompt_ids, n, args.reps)
+        figures, skipped = figures | found, skipped | missing
     result = {"ms_per_token": {k: round(v["ms"], 2) for k, v in figures.items()},
               "same_as_eager": {k: v["ids"] == eager["ids"] for k, v in figures.items() if k != "eager"},
               "first_run_s": {k: v["first_run_s"] for k, v in figures.items() if "first_run_s" in v},
@@ -351,9 +378,10 @@ def load_folder(name: str) -> Path:
 def gemv_figures(cell: dict, args) -> dict:
     """The sweeps (ms and GB/s), then the fp32 and bf16 sweeps' GB/s under each threading setting."""
     sweeps = in_process(cell | {"kind": "gemv", "full": True})
-    size = sweeps.pop("bytes")
+    size, unavailable = sweeps.pop("bytes"), sweeps.pop("unavailable")
     gb_s = lambda kind, ms: round(size[kind.split("_")[0]] / ms / 1e6, 2)  # noqa: E731
-    out = {"gemv": {k: {"ms": round(ms, 2), "gb_s": gb_s(k, ms)} for k, ms in sweeps.items()}, "gemv_env": {}}
+    out = {"gemv": {k: {"ms": round(ms, 2), "gb_s": gb_s(k, ms)} for k, ms in sweeps.items()}, "gemv_env": {},
+           "gemv_unavailable": unavailable}
     for env_name in QUICK_ENVS if args.quick else ENVS:
         env = {k: v.replace("THREADS", str(cell["threads"])) for k, v in ENVS[env_name].items()}
         interop = env.pop("interop", None)
@@ -374,6 +402,8 @@ def table(results: dict) -> list[tuple]:
                 rows.append((name, threads, f"gemv {k}", f"{g['ms']:.2f}", f"{g['gb_s']} GB/s", "", ""))
             for k, g in r.get("gemv_env", {}).items():
                 rows.append((name, threads, f"gemv {k}", "", f"fp32 {g['fp32']}, bf16 {g['bf16']} GB/s", "", ""))
+            for k, why in r.get("gemv_unavailable", {}).items():
+                rows.append((name, threads, f"gemv {k}", "unavailable", why[:80], "", ""))
             for k, why in r["skipped"].items():
                 rows.append((name, threads, k, "skipped", why[:80], "", ""))
     return rows

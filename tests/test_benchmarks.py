@@ -117,6 +117,22 @@ def test_floor_counts_the_weights_a_step_reads(tied):
     assert step_weight_bytes(hf) == 4 * read  # fp32
 
 
+def test_cpu_benchmark_reports_a_sweep_this_cpu_cannot_run_as_unavailable(monkeypatch):
+    """On a CPU without oneDNN's bf16 packing (AVX2 only), the packed bf16 sweep is left out
+    with the reason, and every other sweep still reports."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import cpu
+    finally:
+        sys.path.remove(str(BENCH))
+    monkeypatch.setattr(cpu, "bf16_packing", lambda: "no avx512bw here")
+    monkeypatch.setattr(cpu, "packed_sweep", lambda w: 1e-3 if w[0].dtype == cpu.torch.float32 else 1 / 0)
+    monkeypatch.setattr(cpu, "gemv_sweep", lambda hf: 2e-3)
+    out = cpu.gemv({"model": "small", "full": True})
+    assert out["unavailable"] == {"bf16_packed": "no avx512bw here"}
+    assert set(out) == {"fp32", "bf16", "fp32_packed", "fp32_no_mkldnn", "bf16_no_mkldnn", "bytes", "unavailable"}
+
+
 def test_gpu_benchmark_runs_on_the_cpu():
     """The GPU workload's smoke run (a small shape on the CPU): every section and figure present."""
     proc = subprocess.run([sys.executable, str(BENCH / "gpu.py"), "--device", "cpu", "--quick", "--reps", "1"],
@@ -197,12 +213,17 @@ def test_cpu_benchmark_runs_every_variant_and_sweep():
     assert result["bench"] == "cpu" and set(result["models"]) == {"small"}
     figures = result["models"]["small"]["1"]
     fp32 = {"compiled", "frozen", "autotune", "autotune_frozen"}
-    assert set(figures["ms_per_token"]) == {"eager", "hf", "bf16", "bf16_no_mkldnn", "bf16_frozen"} | fp32
+    # A bf16 variant this CPU has no kernel for is skipped with torch's reason; the rest decode.
+    bf16 = {"bf16", "bf16_no_mkldnn", "bf16_frozen"}
+    assert set(figures["ms_per_token"]) | (set(figures["skipped"]) & bf16) == {"eager", "hf"} | bf16 | fp32
     assert all(ms > 0 for ms in figures["ms_per_token"].values())
     # The test model's tokenizer is one llama.cpp's converter does not know: skipped, with the reason.
-    assert set(figures["skipped"]) <= {"llamacpp", "llamacpp_f32"} and all(figures["skipped"].values())
+    assert set(figures["skipped"]) <= {"llamacpp", "llamacpp_f32"} | bf16 and all(figures["skipped"].values())
     assert all(figures["same_as_eager"][k] for k in fp32 | {"hf"})
-    assert set(figures["gemv"]) == {"fp32", "bf16", "fp32_packed", "bf16_packed", "fp32_no_mkldnn", "bf16_no_mkldnn"}
+    # oneDNN's bf16 packing needs AVX-512 (or avx_ne_convert): elsewhere that sweep is unavailable, with why.
+    sweeps = {"fp32", "bf16", "fp32_packed", "bf16_packed", "fp32_no_mkldnn", "bf16_no_mkldnn"}
+    assert set(figures["gemv"]) | set(figures["gemv_unavailable"]) == sweeps
+    assert set(figures["gemv_unavailable"]) <= {"bf16_packed"} and all(figures["gemv_unavailable"].values())
     assert all(g["ms"] > 0 and g["gb_s"] > 0 for g in figures["gemv"].values())
     assert "default" in figures["gemv_env"] and len(figures["gemv_env"]) > 1
 
