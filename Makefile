@@ -25,7 +25,7 @@ LATEST := .venv-latest
 LATEST_PY := $(LATEST)/bin/python
 LATEST_PIP := $(LATEST_PY) -m pip install --quiet --disable-pip-version-check --upgrade --upgrade-strategy eager
 
-.PHONY: demo demo-toy demo-swarm test test-fast test-latest constraints docs install llamacpp clean python
+.PHONY: demo demo-toy demo-swarm test test-fast test-latest test-clients constraints docs install llamacpp clean python
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "no Python >= 3.10 on the PATH: install one, or give PYTHON=/path/to/python"; exit 1; }
@@ -87,6 +87,24 @@ test-latest:
 	$(LATEST_PY) -m pip list --format=freeze | grep -i -E '^(torch|transformers|llguidance|outlines|outlines.core|tokenizers|pydantic|jsonschema)=='
 	$(LATEST_PY) -m pytest -q -m "not slow"
 
+# The agent frameworks' own clients (instructor, langchain-openai, litellm) against the server,
+# each from an environment of its own under $(CLIENTS_VENVS): their pins of openai conflict. Each
+# environment holds only its client (tests/clients/requirements-NAME.txt, the tested versions);
+# the server runs in $(VENV).
+CLIENTS ?= instructor langchain litellm
+CLIENTS_VENVS := .venv-clients
+test-clients: $(STAMP)
+	@test -n "$(PYTHON)" || { echo "no Python >= 3.10 on the PATH: give PYTHON=/path/to/python"; exit 1; }
+	@for c in $(CLIENTS); do \
+		env=$(CLIENTS_VENVS)/$$c; \
+		test -x $$env/bin/python || $(PYTHON) -m venv $$env || exit 1; \
+		$$env/bin/python -m pip install --quiet --disable-pip-version-check -r tests/clients/requirements-$$c.txt \
+			|| exit 1; \
+		echo "== $$c"; \
+		CONTINUOUS_PYTHON=$(abspath $(PY)) $$env/bin/python -m pytest -q -o addopts=-ra --confcutdir=tests/clients \
+			-p no:cacheprovider tests/clients/test_$$c.py || exit 1; \
+	done
+
 # Write the versions of the tested environment as the constraints (after `make test` passed).
 constraints: $(STAMP)
 	{ sed -n '/^#/p' $(CONSTRAINTS); $(PY) -m pip freeze --exclude-editable | grep -v '^#' | sed 's/+[a-z0-9.]*$$//'; } > $(CONSTRAINTS).new
@@ -96,7 +114,7 @@ docs: $(DOCS_STAMP)
 	$(VENV)/bin/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) $(LATEST) site
+	rm -rf $(VENV) $(LATEST) $(CLIENTS_VENVS) site
 
 # The interpreter the virtual environment is made with.
 python:

@@ -69,10 +69,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(model_dir: Path, log: Path, *args: str, wait: float = 300.0) -> Server:
-    """A server of ``model_dir`` on a free port, once it answers ``/health`` (stop it with :func:`stop`)."""
+def start(model_dir: Path, log: Path, *args: str, wait: float = 300.0, python: str = sys.executable) -> Server:
+    """A server of ``model_dir`` on a free port, once it answers ``/health`` (stop it with :func:`stop`).
+
+    ``python`` runs it: the library's environment, where the caller's is a client's own.
+    """
     port = _free_port()
-    command = [sys.executable, "-m", "continuous.serve", str(model_dir), "--port", str(port),
+    command = [python, "-m", "continuous.serve", str(model_dir), "--port", str(port),
                "--served-model-name", NAME, "--log-level", "warning", *args]
     with open(log, "w") as out:
         proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
