@@ -1,0 +1,125 @@
+"""Concurrent calls against one batched call where the host work is the step.
+
+On the shipped toy model (4 blocks of width 256) at one torch thread, a decode step's
+device work is small: what a step costs is mostly the host's (processors, masks,
+sampling, the read, advancing the matchers, detokenizing, stops), as on a GPU. Here
+``CLIENTS`` concurrent ``acall``s of ``TOKENS`` greedy tokens are measured against one
+call holding the same prompts as a batch (one loop, one forward per step), for text and
+for JSON, with:
+
+- tokens/s of each and their ratio (``vs_one_call``);
+- the host time per row per step, in µs: the wall time less the time inside the
+  model's forward passes (timed by hooks on the HF module), over steps × rows;
+- the model's own per-step figures where it keeps them (``model.stats``);
+- whether every concurrent call's text equals the same call run alone.
+
+Run alone (other processes make the figures noise): ``python benchmarks/engine.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from dataclasses import fields
+
+import torch
+from common import emit, median
+
+from continuous import continuous, generate, models
+from continuous.assets import DEMO_MODEL
+
+CLIENTS, TOKENS = 16, 48
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40},
+                                           "age": {"type": "integer"}, "tags": {"type": "array",
+                                                                                "items": {"type": "string"}}},
+          "required": ["name", "age", "tags"]}
+
+
+class ForwardClock:
+    """Seconds spent inside the HF module's forward passes (hooks around its ``forward``)."""
+
+    def __init__(self, hf):
+        self.seconds, self._start = 0.0, 0.0
+        hf.register_forward_pre_hook(lambda *_: setattr(self, "_start", time.perf_counter()))
+        hf.register_forward_hook(lambda *_: setattr(self, "seconds", self.seconds + time.perf_counter() - self._start))
+
+
+def prompts(n: int) -> list[str]:
+    return [f"User: Tell me about the number {i} and the city number {3 * i + 1}.\nAssistant:" for i in range(n)]
+
+
+def measure(model, clock: ForwardClock, run) -> dict:
+    """Wall seconds, forward seconds and forward calls of ``run()``; its result."""
+    model.stats.reset()
+    forward, wall = clock.seconds, time.perf_counter()
+    out = run()
+    wall, forward = time.perf_counter() - wall, clock.seconds - forward
+    per_step = {f.name: getattr(model.stats, f.name) for f in fields(model.stats)
+                if not f.name.startswith("_") and f.name not in ("tokens_drafted", "tokens_accepted")}
+    return {"out": out, "wall": wall, "forward": forward, "steps": model.stats.forward_calls, "stats": per_step}
+
+
+def one_kind(model, clock, gen, texts_in: list[str], tokens: int, reps: int) -> dict:
+    """The batched call and the concurrent calls of one generator, ``reps`` times each (medians)."""
+    def batched():
+        return gen(texts_in, max_tokens=tokens, logprobs=0)
+
+    async def together():
+        return await asyncio.gather(*[gen.acall(p, max_tokens=tokens, logprobs=0) for p in texts_in])
+
+    gen(texts_in[:2], max_tokens=4)  # warm up
+    result = {}
+    for name, run in (("one_call", batched), ("concurrent", lambda: asyncio.run(together()))):
+        runs = [measure(model, clock, run) for _ in range(reps)]
+        best = sorted(runs, key=lambda r: r["wall"])[len(runs) // 2]
+        out = best["out"]
+        values = [str(s) for s in out] if name == "concurrent" else list(out)
+        states = out if name == "concurrent" else [out]
+        generated = sum(len(row) for s in states for row in s.logprobs)  # one log-probability a token
+        host = best["wall"] - best["forward"]
+        result[name] = {"tok_s": round(generated / best["wall"], 1),
+                        "ms_per_step": round(1e3 * best["wall"] / max(best["steps"], 1), 2),
+                        "forward_ms_per_step": round(1e3 * best["forward"] / max(best["steps"], 1), 2),
+                        "host_us_per_row_step": round(1e6 * host / max(best["steps"], 1) / len(texts_in), 1),
+                        "steps": best["steps"], "tokens": generated, "stats": best["stats"], "values": values}
+    alone = [str(gen(p, max_tokens=tokens)) for p in texts_in]
+    result["identical_to_alone"] = result["concurrent"].pop("values") == alone
+    result["one_call_identical_to_alone"] = result["one_call"].pop("values") == alone
+    result["vs_one_call"] = round(result["concurrent"]["tok_s"] / result["one_call"]["tok_s"], 3)
+    return result
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="4 clients, 8 tokens, one rep")
+    parser.add_argument("--save", action="store_true", help="write benchmarks/results/engine.json")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    return parser.parse_args()
+
+
+def main():
+    global CLIENTS, TOKENS
+    args = parse_args()
+    if args.quick:
+        CLIENTS, TOKENS, args.reps = 4, 8, 1
+    torch.set_num_threads(args.threads)
+    model = models.transformers(str(DEMO_MODEL), dtype="float32")
+    clock = ForwardClock(model.model)
+    texts_in = prompts(CLIENTS)
+    kinds = {"text": continuous(generate.text(model)), "json": continuous(generate.json(model, SCHEMA))}
+    results = {k: one_kind(model, clock, gen, texts_in, TOKENS, args.reps) for k, gen in kinds.items()}
+    table = [("kind", "one call tok/s", "concurrent tok/s", "vs one call", "host µs/row/step (one, conc.)",
+              "forward ms/step (one, conc.)", "identical")]
+    for k, r in results.items():
+        one, conc = r["one_call"], r["concurrent"]
+        table.append((k, one["tok_s"], conc["tok_s"], r["vs_one_call"],
+                      f"{one['host_us_per_row_step']}, {conc['host_us_per_row_step']}",
+                      f"{one['forward_ms_per_step']}, {conc['forward_ms_per_step']}", r["identical_to_alone"]))
+    emit("engine", table, {"bench": "engine", "clients": CLIENTS, "tokens": TOKENS, "threads": args.threads,
+                           "kinds": results}, args.save)
+
+
+if __name__ == "__main__":
+    main()
