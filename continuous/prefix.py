@@ -95,12 +95,18 @@ class PrefixCache:
             self.buffers.clear()
 
     def insert(self, rows: Rows) -> None:
-        """Keep each row of ``rows`` (its cached tokens), evicting the least recently used rows past the budget."""
-        if rows.cache is None or self.max_bytes == 0:
+        """Keep each row of ``rows`` (its cached tokens), evicting the least recently used rows past the budget.
+
+        Rows on a buffer larger than the whole budget are not kept, and nothing is evicted
+        for them: one long state would otherwise wipe every shorter prefix that others share.
+        """
+        if rows.cache is None:
             return
         buffer, size = rows.cache.storage()
         cached = rows.cached_lengths().tolist()
         with self.lock:
+            if size > self.max_bytes and id(buffer) not in self.buffers:
+                return
             for r in range(rows.n_rows):
                 ids = tuple(rows.real_ids(r)[: cached[r]])
                 if ids and self._depth(ids) < len(ids):  # not already kept whole
