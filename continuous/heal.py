@@ -20,7 +20,8 @@ import torch
 
 from .engines import bits, caches
 
-__all__ = ["MAX_HEAL", "TokenStrings", "token_strings", "heal_length", "HealMatcher", "heal_rows", "heal_matchers"]
+__all__ = ["MAX_HEAL", "TokenStrings", "token_strings", "heal_length", "HealMatcher", "healed_lengths", "heal_rows",
+           "heal_matchers"]
 
 #: The most tokens healing backs up over.
 MAX_HEAL = 3
@@ -197,6 +198,16 @@ class HealMatcher:
         return new
 
 
+def healed_lengths(tokenizer, rows) -> list[int]:
+    """Per row, how many of its tokens healing keeps (all of them where it heals nothing)."""
+    strings = token_strings(tokenizer)
+    kept = []
+    for text, ends in zip(rows.texts, rows.ends):
+        first = next((i for i, e in enumerate(ends) if e > 0), len(ends))  # the special prefix stays
+        kept.append(len(ends) - heal_length(strings, text, list(ends), first))
+    return kept
+
+
 def heal_rows(tokenizer, rows):
     """Crop each row's last tokens that a longer token could extend.
 
@@ -212,12 +223,9 @@ def heal_rows(tokenizer, rows):
     rows, removed
         The cropped rows (their cache kept up to the cut), and per row the removed text.
     """
-    strings = token_strings(tokenizer)
     cuts, removed = [], []
-    for text, ends in zip(rows.texts, rows.ends):
-        first = next((i for i, e in enumerate(ends) if e > 0), len(ends))  # the special prefix stays
-        k = heal_length(strings, text, list(ends), first)
-        cut = ends[-k - 1] if k and len(ends) > k else (0 if k else len(text))
+    for text, ends, keep in zip(rows.texts, rows.ends, healed_lengths(tokenizer, rows)):
+        cut = ends[keep - 1] if keep < len(ends) else len(text)  # a row keeps at least one token
         cuts.append(cut)
         removed.append(text[cut:])
     if not any(removed):

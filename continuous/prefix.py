@@ -172,10 +172,19 @@ class PrefixCache:
             depth, found = depth + 1, node.last
         return found, depth
 
-    def reuse(self, rows: Rows) -> tuple[Rows, int]:
+    def reuse(self, rows: Rows, lengths: list[int] | None = None) -> tuple[Rows, int]:
         """``rows`` (fresh prompts, no cache) with each row's longest kept prefix taken from the cache.
 
         At least each row's last token is left to forward, for its logits.
+
+        Parameters
+        ----------
+        rows
+            The prompts.
+        lengths
+            Per row, how many of its first tokens the call keeps (healing crops the last
+            few and spells them again): only a prefix of those is taken, the last of them
+            left to forward. ``None``: all of them.
 
         Returns
         -------
@@ -188,7 +197,7 @@ class PrefixCache:
         with self.lock:
             for r in range(rows.n_rows):
                 ids = rows.real_ids(r)
-                key, depth = self._longest(ids[:-1])
+                key, depth = self._longest(ids[: (len(ids) if lengths is None else lengths[r]) - 1])
                 if key is None or depth < MIN_REUSE:
                     parts.append((None, 0))
                     continue

@@ -45,6 +45,26 @@ def test_a_prompt_starting_like_a_kept_state_forwards_only_the_rest(cached, mode
     assert list(gen(again + " More", max_tokens=5)) == list(plain(alone + " More", max_tokens=5))
 
 
+def test_with_healing_only_tokens_not_forwarded_again_count_as_cached(cached, model):
+    from continuous.heal import heal_length, token_strings
+
+    gen, plain = continuous(generate.text(cached)), continuous(generate.text(model))
+    strings, healed = token_strings(cached.tokenizer), 0
+    for prompt in [SYSTEM + "User: visit www.exa", SYSTEM + "User: the quick bro", SYSTEM + "User: hello"]:
+        gen(prompt, max_tokens=2)  # kept whole: the next call could take all but its last token
+        ends = list(gen(prompt, max_tokens=0)._rows.ends[0])
+        k = heal_length(strings, prompt, ends, first=sum(e == 0 for e in ends))
+        healed += k > 0
+        cached.stats.reset()
+        model.stats.reset()
+        state = gen(prompt, max_tokens=4, heal=True)
+        assert list(state) == list(plain(prompt, max_tokens=4, heal=True))
+        # Healing crops the last k tokens and the last kept one is forwarded for its logits.
+        assert state.tokens_cached == cached.stats.tokens_cached == len(ends) - k - 1
+        assert cached.stats.tokens_forwarded == model.stats.tokens_forwarded - state.tokens_cached
+    assert healed >= 1
+
+
 CHATML = ("{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
 
