@@ -233,11 +233,12 @@ def heal_rows(tokenizer, rows):
     return rows.with_text(tokenizer, cuts, [""] * rows.n_rows), removed
 
 
-def heal_matchers(tokenizer, rows, removed: list[str], constraint) -> list | None:
+def heal_matchers(tokenizer, rows, removed: list[str], inner: list | None) -> list | None:
     """One :class:`HealMatcher` per row (``None`` when no row is healed).
 
-    Each wraps the constraint's matcher (if any) and checks its first token against the
-    row's last few tokens' text, as a whole-text tokenization would spell it.
+    Each wraps the row's constraint matcher (``inner[r]``; ``inner`` is ``None`` for free
+    text) and checks its first token against the row's last few tokens' text, as a
+    whole-text tokenization would spell it.
     """
     if not any(removed):
         return None
@@ -246,6 +247,6 @@ def heal_matchers(tokenizer, rows, removed: list[str], constraint) -> list | Non
     for r, text in enumerate(removed):
         ends = rows.ends[r]
         window = rows.texts[r][ends[-4] if len(ends) >= 4 else 0:] if text else ""
-        matchers.append(HealMatcher(text, constraint.matcher() if constraint is not None else None, strings,
+        matchers.append(HealMatcher(text, inner[r] if inner is not None else None, strings,
                                     tokenizer, len(tokenizer), tokenizer.eos_token_id, window))
     return matchers

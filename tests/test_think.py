@@ -128,6 +128,39 @@ def test_a_state_is_opened_per_row_and_only_new_tokens_are_forwarded(model):
     assert all(isinstance(v, int) for v in second.value)
 
 
+# Budget 6: cuts inside the thinking, where the budget runs out, and (for the text
+# markers, 6 tokens long) inside the closing marker that the budget writes.
+@pytest.mark.parametrize("markers, cut", [("text", 1), ("text", 4), ("text", 6), ("text", 7), ("text", 9),
+                                          ("text", 11), ("special", 1), ("special", 4), ("special", 6)])
+def test_a_state_cut_inside_its_thinking_goes_on_with_it_and_the_budget_left(model, special_model, markers, cut):
+    m = model if markers == "text" else special_model
+    gen = continuous(generate.regex(m, "[0-9]{1,3}", think=Think(budget=6)))
+    whole = gen(["Count:", "N:"], max_tokens=40)
+    assert whole.finish_reasons == ["eos", "eos"]
+    first = gen(["Count:", "N:"], max_tokens=cut)
+    assert all(str(text).count("</think>") == 0 for text in first)  # cut inside the section
+    rest = gen(first, max_tokens=40 - cut)
+    assert list(rest) == list(whole)  # one "<think>", and the budget counts what the first call thought
+    assert rest.value == whole.value
+    for r in range(2):  # (the first call may end inside a character: its text does not add up)
+        assert whole.reasoning[r].endswith(rest.reasoning[r])
+
+
+def test_a_prompt_that_began_its_thinking_counts_what_it_holds_against_the_budget(special_model):
+    gen = continuous(generate.regex(special_model, "[0-9]{1,3}", think=Think(budget=4)))
+    tok = special_model.tokenizer
+    for thoughts in [" one two three four five", " one"]:
+        assert (len(tok.encode(thoughts, add_special_tokens=False)) > 4) == (thoughts != " one")
+        state = gen("Q:<think>" + thoughts, max_tokens=40)
+        assert str(state).startswith("Q:<think>" + thoughts) and str(state).count("<think>") == 1
+        thought = len(tok.encode(state.reasoning[0], add_special_tokens=False))
+        if thoughts == " one":
+            assert 0 < thought <= 4 - 1 + 3  # what is left (a character may need a few more)
+        else:
+            assert state.reasoning[0] == ""  # the budget was spent: the section ends at once
+        assert state.value.isdigit()
+
+
 def test_what_the_grammar_cannot_enforce_is_watched_after_the_section_only(model):
     schema = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 3}, "uniqueItems": True,
               "minItems": 2, "maxItems": 3}

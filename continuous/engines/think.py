@@ -11,10 +11,13 @@ the last thought (fast-forward), with nothing recomputed.
 
 from __future__ import annotations
 
+import bisect
 import json
+from typing import Sequence
 
 import torch
 
+from ..think import inside
 from . import Match, bits
 from .llguidance import lark
 
@@ -61,6 +64,21 @@ class ThinkConstraint:
     def matcher(self) -> "ThinkMatcher":
         inner = self.inner.matcher() if self.inner is not None else None
         return ThinkMatcher(self, self.section.matcher(), inner)
+
+    def resume(self, ids: Sequence[int], text: str, ends: Sequence[int]) -> "ThinkMatcher":
+        """The matcher of a row that a call continues: its tokens ``ids``, ending at the
+        characters ``ends`` of its text ``text``.
+
+        A row inside a thinking section (a state cut while it thought, a prompt that began
+        the thoughts) goes on with it: the tokens after its opening marker are the
+        section's so far, and count against the budget.
+        """
+        matcher = self.matcher()
+        start = inside(text, self.think)
+        if start is not None:
+            for token_id in ids[bisect.bisect_right(ends, start):]:
+                matcher.advance(token_id)
+        return matcher
 
     def watch(self):
         """The wrapped constraint's watch, fed only the text after the thinking section."""
