@@ -189,3 +189,26 @@ def test_smollm2_thinks_within_its_budget_then_answers_in_json():
     assert len(model.tokenizer.encode(state.reasoning[0], add_special_tokens=False)) <= 24 + 4
     assert set(state.value) == {"city"}
     assert "</think>" not in json.dumps(state.value)
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_smollm2_cut_while_thinking_goes_on_with_its_section_and_budget():
+    from support.real import smollm2
+
+    from continuous import chat
+
+    model = models.transformers(str(smollm2()))
+    gen = continuous(generate.json(model, {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                                           "required": ["city"], "additionalProperties": False},
+                                   think=Think(budget=16)))
+    prompt = chat.prompt(model, [{"role": "user", "content": "Which city is the capital of Italy? Think, then "
+                                  "answer in JSON."}])
+    whole = gen(prompt, max_tokens=80)
+    assert whole.finish_reasons == ["eos"]
+    for cut in (5, 17, 18):  # inside the thinking, and twice inside the closing marker the budget writes
+        first = gen(prompt, max_tokens=cut)
+        assert "</think>" not in str(first)
+        rest = gen(first, max_tokens=80 - cut)
+        assert str(rest) == str(whole) and str(rest).count("<think>") == 1
+        assert rest.value == whole.value and set(rest.value) == {"city"}
