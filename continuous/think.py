@@ -2,11 +2,11 @@
 
 ``think=`` on every generator takes ``True`` (the model's own markers), an int (a token
 budget with those markers) or a :class:`Think`. The library writes the opening marker
-after the prompt where the prompt does not end with it; the model then writes freely
-until the closing marker, after which the generator's constraint holds. When a budget
-runs out, the library writes the closing marker itself (it is forwarded with the next
-step, as fast-forward does). ``state.reasoning[row]`` is the thinking text of the most
-recent call; ``value`` reads only the text after the closing marker.
+after the prompt (unless the prompt is inside a section already); the model then writes
+freely until the closing marker, after which the generator's constraint holds. When a
+budget runs out, the library writes the closing marker itself (it is forwarded with the
+next step, as fast-forward does). ``state.reasoning[row]`` is the thinking text of the
+most recent call; ``value`` reads only the text after the closing marker.
 
 A prompt or state already inside a section (its last opening marker not closed: a state
 cut by ``max_tokens`` while it thought, a prompt that began the thoughts) goes on with
