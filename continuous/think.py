@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["Think", "Piece", "thinking", "markers", "Answer", "Tagger", "opened", "inside"]
+__all__ = ["Think", "Piece", "thinking", "markers", "Answer", "Tagger", "opened", "inside", "turn_tokens"]
 
 #: Thinking markers that models use, as (open, close); ``think=True`` looks for them.
 KNOWN_MARKERS = (("<think>", "</think>"), ("<thinking>", "</thinking>"),
@@ -90,24 +90,35 @@ def thinking(think, tokenizer) -> Think | None:
                     f"got {type(think).__name__}")
 
 
-def inside(text: str, think: Think) -> int | None:
+def turn_tokens(tokenizer, think: Think) -> tuple[str, ...]:
+    """The texts of the tokenizer's special tokens other than the thinking markers: a section
+    never runs across one (they end turns, so an opening marker before one was text)."""
+    special = set(tokenizer.all_special_tokens)
+    special |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
+    return tuple(sorted(special - {think.open, think.close, ""}))
+
+
+def inside(text: str, think: Think, stops: tuple[str, ...] = ()) -> int | None:
     """Where the thinking section that ``text`` leaves open starts (just after its opening
     marker), or ``None`` when it leaves none open: its last opening marker is closed, or
-    there is none."""
+    followed by one of ``stops`` (see :func:`turn_tokens`), or there is none."""
     at = text.rfind(think.open)
-    if at < 0 or text.find(think.close, at + len(think.open)) >= 0:
+    if at < 0:
         return None
-    return at + len(think.open)
+    start = at + len(think.open)
+    if any(text.find(mark, start) >= 0 for mark in (think.close, *stops)):
+        return None
+    return start
 
 
-def _opening(text: str, think: Think) -> tuple[int, str]:
+def _opening(text: str, think: Think, stops: tuple[str, ...]) -> tuple[int, str]:
     """How a row's text starts a call: how many of its characters stay, and what follows them.
 
     A row outside a section is opened. A row inside one goes on with it; where its text
     ends with the start of the closing marker (a call cut while writing it), that start
     goes, so that the call writes the whole marker and its text holds the section's end.
     """
-    start = inside(text, think)
+    start = inside(text, think, stops)
     if start is None:
         return len(text), think.open
     begun = next((k for k in range(len(think.close) - 1, 0, -1)
@@ -115,13 +126,14 @@ def _opening(text: str, think: Think) -> tuple[int, str]:
     return len(text) - begun, ""
 
 
-def opened(prompt, think: Think):
+def opened(prompt, think: Think, stops: tuple[str, ...] = ()):
     """``prompt`` with ``think.open`` after every row not inside a thinking section already:
     a prompt that ends with the marker, or a state cut while it thought, goes on with its
-    section (less a closing marker it had begun). Anything but a str, a list of str or a
-    state is left as it is, for the call's own checks to refuse."""
+    section (less a closing marker it had begun). ``stops`` are the texts a section never
+    runs across (:func:`turn_tokens`). Anything but a str, a list of str or a state is left
+    as it is, for the call's own checks to refuse."""
     def one(text: str) -> str:
-        keep, extra = _opening(text, think)
+        keep, extra = _opening(text, think, stops)
         return text[:keep] + extra
 
     if isinstance(prompt, str):
@@ -132,7 +144,7 @@ def opened(prompt, think: Think):
 
     if isinstance(prompt, SequenceState):
         rows = prompt._rows
-        cuts, extras = zip(*(_opening(text, think) for text in rows.texts))
+        cuts, extras = zip(*(_opening(text, think, stops) for text in rows.texts))
         if not any(extras) and list(cuts) == [len(t) for t in rows.texts]:
             return prompt
         return prompt._replace(rows.with_text(prompt.model.tokenizer, cuts, extras))

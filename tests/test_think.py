@@ -161,6 +161,15 @@ def test_a_prompt_that_began_its_thinking_counts_what_it_holds_against_the_budge
         assert state.value.isdigit()
 
 
+def test_an_opening_marker_before_a_special_token_was_text_and_the_answer_thinks_anew(special_model):
+    gen = continuous(generate.regex(special_model, "[0-9]{1,3}", think=Think(budget=4)))
+    eos = special_model.tokenizer.eos_token
+    prompt = f"User: what does <think> mean?{eos}Assistant:"
+    state = gen(prompt, max_tokens=30)
+    assert str(state).startswith(prompt + "<think>") and str(state).count("</think>") == 1
+    assert state.value.isdigit() and 0 < len(special_model.tokenizer.encode(state.reasoning[0], add_special_tokens=False)) <= 4 + 3
+
+
 def test_what_the_grammar_cannot_enforce_is_watched_after_the_section_only(model):
     schema = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 3}, "uniqueItems": True,
               "minItems": 2, "maxItems": 3}

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from ..think import inside
+from ..think import inside, turn_tokens
 from . import Match, bits
 from .llguidance import lark
 
@@ -55,6 +55,7 @@ class ThinkConstraint:
 
     def __init__(self, inner, tokenizer, think):
         self.inner, self.think = inner, think
+        self.stops = turn_tokens(tokenizer, think)  # a section never runs across these
         self.section = lark(_section_grammar(tokenizer, think.close), tokenizer)
         self.close_ids = tuple(tokenizer.encode(think.close, add_special_tokens=False))
         self.n_tokens, self.eos = len(tokenizer), tokenizer.eos_token_id
@@ -74,7 +75,7 @@ class ThinkConstraint:
         section's so far, and count against the budget.
         """
         matcher = self.matcher()
-        start = inside(text, self.think)
+        start = inside(text, self.think, self.stops)
         if start is not None:
             for token_id in ids[bisect.bisect_right(ends, start):]:
                 matcher.advance(token_id)
