@@ -22,8 +22,9 @@ _ERRORS = ("RemoteError", "BadRequestError", "MaxLengthError", "AllocationError"
 
 __all__ = ["DistributedModelForCausalLM", "InferenceSession", "SwarmClient", *_ERRORS]
 
-_LAZY = {"DistributedModelForCausalLM": "continuous.remote.client.bridge", "InferenceSession": "continuous.remote.client.session",
-         "SwarmClient": "continuous.remote.client.routing", **dict.fromkeys(_ERRORS, "continuous.remote.wire.protocol")}
+_LAZY = {"DistributedModelForCausalLM": "continuous.remote.client.bridge",
+         "InferenceSession": "continuous.remote.client.session", "SwarmClient": "continuous.remote.client.routing",
+         **dict.fromkeys(_ERRORS, "continuous.remote.wire.protocol")}
 
 
 def __getattr__(name):

@@ -1,7 +1,8 @@
 """``python -m continuous.remote.server``: serve a span of a model's blocks in a swarm.
 
-Installed as the command ``continuous-swarm-server`` too. The arguments are read before torch and hivemind are imported, so that ``--help`` and
-mistakes answer at once. See :mod:`continuous.remote.server.server`.
+Installed as the command ``continuous-swarm-server`` too. The arguments are read before
+torch and hivemind are imported, so that ``--help`` and mistakes answer at once. See
+:mod:`continuous.remote.server.server`.
 """
 
 from __future__ import annotations
