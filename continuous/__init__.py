@@ -27,7 +27,7 @@ __all__ = [
     "PromptLookup",
 ]
 
-# Imported on first use: a swarm server (`python -m continuous.server`) needs none of
+# Imported on first use: a swarm server (`python -m continuous.remote.server`) needs none of
 # them, and outlines and transformers take seconds to import.
 _LAZY = {
     "continuous": ".wrapper", "ContinuousGenerator": ".wrapper", "SequenceState": ".state",

@@ -20,7 +20,8 @@ import torch
 
 from .engines import bits, caches
 
-__all__ = ["MAX_HEAL", "TokenStrings", "token_strings", "heal_length", "HealMatcher", "heal_rows", "heal_matchers"]
+__all__ = ["MAX_HEAL", "TokenStrings", "token_strings", "heal_length", "HealMatcher", "healed_lengths", "heal_rows",
+           "heal_matchers"]
 
 #: The most tokens healing backs up over.
 MAX_HEAL = 3
@@ -197,6 +198,16 @@ class HealMatcher:
         return new
 
 
+def healed_lengths(tokenizer, rows) -> list[int]:
+    """Per row, how many of its tokens healing keeps (all of them where it heals nothing)."""
+    strings = token_strings(tokenizer)
+    kept = []
+    for text, ends in zip(rows.texts, rows.ends):
+        first = next((i for i, e in enumerate(ends) if e > 0), len(ends))  # the special prefix stays
+        kept.append(len(ends) - heal_length(strings, text, list(ends), first))
+    return kept
+
+
 def heal_rows(tokenizer, rows):
     """Crop each row's last tokens that a longer token could extend.
 
@@ -212,12 +223,9 @@ def heal_rows(tokenizer, rows):
     rows, removed
         The cropped rows (their cache kept up to the cut), and per row the removed text.
     """
-    strings = token_strings(tokenizer)
     cuts, removed = [], []
-    for text, ends in zip(rows.texts, rows.ends):
-        first = next((i for i, e in enumerate(ends) if e > 0), len(ends))  # the special prefix stays
-        k = heal_length(strings, text, list(ends), first)
-        cut = ends[-k - 1] if k and len(ends) > k else (0 if k else len(text))
+    for text, ends, keep in zip(rows.texts, rows.ends, healed_lengths(tokenizer, rows)):
+        cut = ends[keep - 1] if keep < len(ends) else len(text)  # a row keeps at least one token
         cuts.append(cut)
         removed.append(text[cut:])
     if not any(removed):
@@ -225,11 +233,12 @@ def heal_rows(tokenizer, rows):
     return rows.with_text(tokenizer, cuts, [""] * rows.n_rows), removed
 
 
-def heal_matchers(tokenizer, rows, removed: list[str], constraint) -> list | None:
+def heal_matchers(tokenizer, rows, removed: list[str], inner: list | None) -> list | None:
     """One :class:`HealMatcher` per row (``None`` when no row is healed).
 
-    Each wraps the constraint's matcher (if any) and checks its first token against the
-    row's last few tokens' text, as a whole-text tokenization would spell it.
+    Each wraps the row's constraint matcher (``inner[r]``; ``inner`` is ``None`` for free
+    text) and checks its first token against the row's last few tokens' text, as a
+    whole-text tokenization would spell it.
     """
     if not any(removed):
         return None
@@ -238,6 +247,6 @@ def heal_matchers(tokenizer, rows, removed: list[str], constraint) -> list | Non
     for r, text in enumerate(removed):
         ends = rows.ends[r]
         window = rows.texts[r][ends[-4] if len(ends) >= 4 else 0:] if text else ""
-        matchers.append(HealMatcher(text, constraint.matcher() if constraint is not None else None, strings,
+        matchers.append(HealMatcher(text, inner[r] if inner is not None else None, strings,
                                     tokenizer, len(tokenizer), tokenizer.eos_token_id, window))
     return matchers

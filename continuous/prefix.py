@@ -95,12 +95,18 @@ class PrefixCache:
             self.buffers.clear()
 
     def insert(self, rows: Rows) -> None:
-        """Keep each row of ``rows`` (its cached tokens), evicting the least recently used rows past the budget."""
-        if rows.cache is None or self.max_bytes == 0:
+        """Keep each row of ``rows`` (its cached tokens), evicting the least recently used rows past the budget.
+
+        Rows on a buffer larger than the whole budget are not kept, and nothing is evicted
+        for them: one long state would otherwise wipe every shorter prefix that others share.
+        """
+        if rows.cache is None:
             return
         buffer, size = rows.cache.storage()
         cached = rows.cached_lengths().tolist()
         with self.lock:
+            if size > self.max_bytes and id(buffer) not in self.buffers:
+                return
             for r in range(rows.n_rows):
                 ids = tuple(rows.real_ids(r)[: cached[r]])
                 if ids and self._depth(ids) < len(ids):  # not already kept whole
@@ -166,10 +172,19 @@ class PrefixCache:
             depth, found = depth + 1, node.last
         return found, depth
 
-    def reuse(self, rows: Rows) -> tuple[Rows, int]:
+    def reuse(self, rows: Rows, lengths: list[int] | None = None) -> tuple[Rows, int]:
         """``rows`` (fresh prompts, no cache) with each row's longest kept prefix taken from the cache.
 
         At least each row's last token is left to forward, for its logits.
+
+        Parameters
+        ----------
+        rows
+            The prompts.
+        lengths
+            Per row, how many of its first tokens the call keeps (healing crops the last
+            few and spells them again): only a prefix of those is taken, the last of them
+            left to forward. ``None``: all of them.
 
         Returns
         -------
@@ -182,7 +197,7 @@ class PrefixCache:
         with self.lock:
             for r in range(rows.n_rows):
                 ids = rows.real_ids(r)
-                key, depth = self._longest(ids[:-1])
+                key, depth = self._longest(ids[: (len(ids) if lengths is None else lengths[r]) - 1])
                 if key is None or depth < MIN_REUSE:
                     parts.append((None, 0))
                     continue

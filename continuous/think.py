@@ -2,11 +2,16 @@
 
 ``think=`` on every generator takes ``True`` (the model's own markers), an int (a token
 budget with those markers) or a :class:`Think`. The library writes the opening marker
-after the prompt where the prompt does not end with it; the model then writes freely
-until the closing marker, after which the generator's constraint holds. When a budget
-runs out, the library writes the closing marker itself (it is forwarded with the next
-step, as fast-forward does). ``state.reasoning[row]`` is the thinking text; ``value``
-reads only the text after the closing marker.
+after the prompt (unless the prompt is inside a section already); the model then writes
+freely until the closing marker, after which the generator's constraint holds. When a
+budget runs out, the library writes the closing marker itself (it is forwarded with the
+next step, as fast-forward does). ``state.reasoning[row]`` is the thinking text of the
+most recent call; ``value`` reads only the text after the closing marker.
+
+A prompt or state already inside a section (its last opening marker not closed: a state
+cut by ``max_tokens`` while it thought, a prompt that began the thoughts) goes on with
+it: no second opening marker, and the tokens already in the section count against the
+budget. A closing marker it had begun to write is written again whole.
 
 Streams of such a generator yield :class:`Piece` s: strings that say which part they are.
 """
@@ -16,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["Think", "Piece", "thinking", "markers", "Answer", "Tagger", "opened"]
+__all__ = ["Think", "Piece", "thinking", "markers", "Answer", "Tagger", "opened", "inside", "turn_tokens"]
 
 #: Thinking markers that models use, as (open, close); ``think=True`` looks for them.
 KNOWN_MARKERS = (("<think>", "</think>"), ("<thinking>", "</thinking>"),
@@ -85,22 +90,64 @@ def thinking(think, tokenizer) -> Think | None:
                     f"got {type(think).__name__}")
 
 
-def opened(prompt, open: str):
-    """``prompt`` with ``open`` after every row whose text does not already end with it
-    (whitespace after it allowed). Anything but a str, a list of str or a state is left as
-    it is, for the call's own checks to refuse."""
-    def missing(text: str) -> str:
-        return "" if text.rstrip().endswith(open) else open
+def turn_tokens(tokenizer, think: Think) -> tuple[str, ...]:
+    """The texts of the tokenizer's special tokens other than the thinking markers: a section
+    never runs across one (they end turns, so an opening marker before one was text)."""
+    special = set(tokenizer.all_special_tokens)
+    special |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
+    return tuple(sorted(special - {think.open, think.close, ""}))
+
+
+def inside(text: str, think: Think, stops: tuple[str, ...] = ()) -> int | None:
+    """Where the thinking section that ``text`` leaves open starts (just after its opening
+    marker), or ``None`` when it leaves none open: its last opening marker is closed, or
+    followed by one of ``stops`` (see :func:`turn_tokens`), or there is none."""
+    at = text.rfind(think.open)
+    if at < 0:
+        return None
+    start = at + len(think.open)
+    if any(text.find(mark, start) >= 0 for mark in (think.close, *stops)):
+        return None
+    return start
+
+
+def _opening(text: str, think: Think, stops: tuple[str, ...]) -> tuple[int, str]:
+    """How a row's text starts a call: how many of its characters stay, and what follows them.
+
+    A row outside a section is opened. A row inside one goes on with it; where its text
+    ends with the start of the closing marker (a call cut while writing it), that start
+    goes, so that the call writes the whole marker and its text holds the section's end.
+    """
+    start = inside(text, think, stops)
+    if start is None:
+        return len(text), think.open
+    begun = next((k for k in range(len(think.close) - 1, 0, -1)
+                  if len(text) - k >= start and text.endswith(think.close[:k])), 0)
+    return len(text) - begun, ""
+
+
+def opened(prompt, think: Think, stops: tuple[str, ...] = ()):
+    """``prompt`` with ``think.open`` after every row not inside a thinking section already:
+    a prompt that ends with the marker, or a state cut while it thought, goes on with its
+    section (less a closing marker it had begun). ``stops`` are the texts a section never
+    runs across (:func:`turn_tokens`). Anything but a str, a list of str or a state is left
+    as it is, for the call's own checks to refuse."""
+    def one(text: str) -> str:
+        keep, extra = _opening(text, think, stops)
+        return text[:keep] + extra
 
     if isinstance(prompt, str):
-        return prompt + missing(prompt)
+        return one(prompt)
     if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-        return [p + missing(p) for p in prompt]
+        return [one(p) for p in prompt]
     from .state import SequenceState
 
     if isinstance(prompt, SequenceState):
-        extra = [missing(text) for text in prompt]
-        return prompt + extra if any(extra) else prompt
+        rows = prompt._rows
+        cuts, extras = zip(*(_opening(text, think, stops) for text in rows.texts))
+        if not any(extras) and list(cuts) == [len(t) for t in rows.texts]:
+            return prompt
+        return prompt._replace(rows.with_text(prompt.model.tokenizer, cuts, extras))
     return prompt
 
 

@@ -15,6 +15,7 @@ import torch
 from .decode import Decoding, Generation, Options
 from .generate.base import SequenceGenerator, make
 from .generate.types import json_or_text, parser_of
+from .heal import healed_lengths
 from .layout import Rows
 from .partial import PartialValues
 from .samplers import Sampler
@@ -245,7 +246,7 @@ class ContinuousGenerator:
 
         def start() -> Decoding:
             nonlocal rows, cached, scores
-            rows, cached = self._reused(rows)
+            rows, cached = self._reused(rows, options)
             start_rows = rows
             if scorer is not None:  # the prompt is forwarded once, for the scores and the generation
                 start_rows, scores = scorer(model, rows, options.fork)
@@ -291,12 +292,16 @@ class ContinuousGenerator:
         rows = Rows.from_texts(model.tokenizer, prompt)
         return rows, torch.zeros(len(prompt), 1), len(prompt), 1
 
-    def _reused(self, rows: Rows) -> tuple[Rows, int]:
-        """Fresh prompts on the model's prefix cache, if it keeps one; and the tokens it saved."""
-        kept = self.generator.model.prefix_cache
+    def _reused(self, rows: Rows, options: Options) -> tuple[Rows, int]:
+        """Fresh prompts on the model's prefix cache, if it keeps one; and the tokens it saved.
+
+        Tokens that healing crops are not taken: they would be forwarded again, not saved."""
+        model = self.generator.model
+        kept = model.prefix_cache
         if kept is None or rows.cache is not None:
             return rows, 0
-        rows, saved = kept.reuse(rows)
+        heals = options.heal and options.max_tokens != 0  # as the decoding loop decides
+        rows, saved = kept.reuse(rows, healed_lengths(model.tokenizer, rows) if heals else None)
         self.generator.model.stats.record_cached(saved)
         return rows, saved
 

@@ -74,7 +74,7 @@ def test_the_import_walk_sees_function_level_and_relative_imports():
 
 
 def test_the_swarm_server_never_loads_the_client():
-    code = ("import sys, continuous.remote.server.server, continuous.server; "
+    code = ("import sys, continuous.remote.server.server, continuous.remote.server.__main__; "
             "print(sorted(m for m in sys.modules if m.startswith(('continuous.remote.client', 'continuous.wrapper', "
             "'continuous.decode', 'continuous.generate'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

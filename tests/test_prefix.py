@@ -45,6 +45,26 @@ def test_a_prompt_starting_like_a_kept_state_forwards_only_the_rest(cached, mode
     assert list(gen(again + " More", max_tokens=5)) == list(plain(alone + " More", max_tokens=5))
 
 
+def test_with_healing_only_tokens_not_forwarded_again_count_as_cached(cached, model):
+    from continuous.heal import heal_length, token_strings
+
+    gen, plain = continuous(generate.text(cached)), continuous(generate.text(model))
+    strings, healed = token_strings(cached.tokenizer), 0
+    for prompt in [SYSTEM + "User: visit www.exa", SYSTEM + "User: the quick bro", SYSTEM + "User: hello"]:
+        gen(prompt, max_tokens=2)  # kept whole: the next call could take all but its last token
+        ends = list(gen(prompt, max_tokens=0)._rows.ends[0])
+        k = heal_length(strings, prompt, ends, first=sum(e == 0 for e in ends))
+        healed += k > 0
+        cached.stats.reset()
+        model.stats.reset()
+        state = gen(prompt, max_tokens=4, heal=True)
+        assert list(state) == list(plain(prompt, max_tokens=4, heal=True))
+        # Healing crops the last k tokens and the last kept one is forwarded for its logits.
+        assert state.tokens_cached == cached.stats.tokens_cached == len(ends) - k - 1
+        assert cached.stats.tokens_forwarded == model.stats.tokens_forwarded - state.tokens_cached
+    assert healed >= 1
+
+
 CHATML = ("{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
 
@@ -126,17 +146,17 @@ def test_a_bad_prefix_cache_is_refused_when_the_model_is_wrapped(hf_model, token
 
 
 class _Rows:
-    """Just what the trie reads of a state's rows: one row of ids, on a buffer of its own."""
+    """Just what the trie reads of a state's rows: one row of ids, on a buffer of its own of ``size`` bytes."""
 
     class _Cache:
-        def __init__(self):
-            self.buffer = object()
+        def __init__(self, size):
+            self.buffer, self.size = object(), size
 
         def storage(self):
-            return self.buffer, 10
+            return self.buffer, self.size
 
-    def __init__(self, ids):
-        self.ids, self.n_rows, self.cache = list(ids), 1, self._Cache()
+    def __init__(self, ids, size=10):
+        self.ids, self.n_rows, self.cache = list(ids), 1, self._Cache(size)
 
     def cached_lengths(self):
         return torch.tensor([len(self.ids)])
@@ -160,3 +180,28 @@ def test_the_trie_finds_the_longest_prefix_among_the_rows_it_still_keeps(inserte
     assert depth == best
     if depth:
         assert tuple(query[:depth]) == kept.entries[key][2][:depth]
+
+
+def test_a_state_larger_than_the_budget_is_not_kept_and_evicts_nothing():
+    kept = PrefixCache(30)
+    for ids in ([1, 2, 3], [4, 5, 6]):
+        kept.insert(_Rows(ids))
+    kept.insert(_Rows([7, 8, 9], size=31))
+    assert [e[2] for e in kept.entries.values()] == [(1, 2, 3), (4, 5, 6)] and kept.bytes == 20
+    assert kept._longest([7, 8, 9]) == (None, 0) and kept._longest([1, 2, 3])[1] == 3
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=6), st.integers(1, 50)),
+                min_size=1, max_size=15), st.integers(0, 60))
+def test_inserts_of_any_sizes_stay_within_the_budget_and_an_oversized_one_evicts_nothing(inserts, budget):
+    kept = PrefixCache(budget)
+    for ids, size in inserts:
+        before = list(kept.entries.values())
+        kept.insert(_Rows(ids, size))
+        assert kept.bytes <= budget
+        assert kept.bytes == sum(e[0].cache.size for e in kept.entries.values())
+        if size > budget:
+            assert list(kept.entries.values()) == before  # nothing evicted, nothing added
+        else:
+            assert kept._depth(tuple(ids)) == len(ids)  # what fits is found (the oldest went for it)

@@ -128,6 +128,49 @@ def test_a_state_is_opened_per_row_and_only_new_tokens_are_forwarded(model):
     assert all(isinstance(v, int) for v in second.value)
 
 
+# Budget 6: cuts inside the thinking, where the budget runs out, and (for the text
+# markers, 6 tokens long) inside the closing marker that the budget writes.
+@pytest.mark.parametrize("markers, cut", [("text", 1), ("text", 4), ("text", 6), ("text", 7), ("text", 9),
+                                          ("text", 11), ("special", 1), ("special", 4), ("special", 6)])
+def test_a_state_cut_inside_its_thinking_goes_on_with_it_and_the_budget_left(model, special_model, markers, cut):
+    m = model if markers == "text" else special_model
+    gen = continuous(generate.regex(m, "[0-9]{1,3}", think=Think(budget=6)))
+    whole = gen(["Count:", "N:"], max_tokens=40)
+    assert whole.finish_reasons == ["eos", "eos"]
+    first = gen(["Count:", "N:"], max_tokens=cut)
+    assert all(str(text).count("</think>") == 0 for text in first)  # cut inside the section
+    rest = gen(first, max_tokens=40 - cut)
+    assert list(rest) == list(whole)  # one "<think>", and the budget counts what the first call thought
+    assert rest.value == whole.value
+    for r in range(2):  # (the first call may end inside a character: its text does not add up)
+        assert whole.reasoning[r].endswith(rest.reasoning[r])
+
+
+def test_a_prompt_that_began_its_thinking_counts_what_it_holds_against_the_budget(special_model):
+    gen = continuous(generate.regex(special_model, "[0-9]{1,3}", think=Think(budget=4)))
+    tok = special_model.tokenizer
+    for thoughts in [" one two three four five", " one"]:
+        assert (len(tok.encode(thoughts, add_special_tokens=False)) > 4) == (thoughts != " one")
+        state = gen("Q:<think>" + thoughts, max_tokens=40)
+        assert str(state).startswith("Q:<think>" + thoughts) and str(state).count("<think>") == 1
+        thought = len(tok.encode(state.reasoning[0], add_special_tokens=False))
+        if thoughts == " one":
+            assert 0 < thought <= 4 - 1 + 3  # what is left (a character may need a few more)
+        else:
+            assert state.reasoning[0] == ""  # the budget was spent: the section ends at once
+        assert state.value.isdigit()
+
+
+def test_an_opening_marker_before_a_special_token_was_text_and_the_answer_thinks_anew(special_model):
+    gen = continuous(generate.regex(special_model, "[0-9]{1,3}", think=Think(budget=4)))
+    eos = special_model.tokenizer.eos_token
+    prompt = f"User: what does <think> mean?{eos}Assistant:"
+    state = gen(prompt, max_tokens=30)
+    assert str(state).startswith(prompt + "<think>") and str(state).count("</think>") == 1
+    thought = special_model.tokenizer.encode(state.reasoning[0], add_special_tokens=False)
+    assert state.value.isdigit() and 0 < len(thought) <= 4 + 3
+
+
 def test_what_the_grammar_cannot_enforce_is_watched_after_the_section_only(model):
     schema = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 3}, "uniqueItems": True,
               "minItems": 2, "maxItems": 3}
@@ -156,3 +199,26 @@ def test_smollm2_thinks_within_its_budget_then_answers_in_json():
     assert len(model.tokenizer.encode(state.reasoning[0], add_special_tokens=False)) <= 24 + 4
     assert set(state.value) == {"city"}
     assert "</think>" not in json.dumps(state.value)
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_smollm2_cut_while_thinking_goes_on_with_its_section_and_budget():
+    from support.real import smollm2
+
+    from continuous import chat
+
+    model = models.transformers(str(smollm2()))
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+              "additionalProperties": False}
+    gen = continuous(generate.json(model, schema, think=Think(budget=16)))
+    prompt = chat.prompt(model, [{"role": "user", "content": "Which city is the capital of Italy? Think, then "
+                                  "answer in JSON."}])
+    whole = gen(prompt, max_tokens=80)
+    assert whole.finish_reasons == ["eos"]
+    for cut in (5, 17, 18):  # inside the thinking, and twice inside the closing marker the budget writes
+        first = gen(prompt, max_tokens=cut)
+        assert "</think>" not in str(first)
+        rest = gen(first, max_tokens=80 - cut)
+        assert str(rest) == str(whole) and str(rest).count("<think>") == 1
+        assert rest.value == whole.value and set(rest.value) == {"city"}

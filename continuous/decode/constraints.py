@@ -68,10 +68,18 @@ class RowConstraints:
 
     @classmethod
     def of_call(cls, constraint, model, rows, removed: list[str], device: torch.device) -> "RowConstraints":
-        """The constraints of a call's rows; rows that healing backed up spell ``removed`` first."""
+        """The constraints of a call's rows; rows that healing backed up spell ``removed`` first.
+
+        A constraint with a section that a row may be inside already (a thinking section
+        cut by the previous call) resumes each row where its text is."""
         tokenizer = model.tokenizer
+        matchers = None
+        if constraint is not None:
+            resume = getattr(constraint, "resume", None)
+            matchers = [constraint.matcher() if resume is None else resume(rows.real_ids(r), rows.texts[r],
+                                                                           rows.ends[r]) for r in range(rows.n_rows)]
         return cls(constraint, rows.n_rows, model.vocab_size, len(tokenizer), tokenizer.eos_token_id, device,
-                   heal_matchers(tokenizer, rows, removed, constraint), also_eos=model.eos_token_ids)
+                   heal_matchers(tokenizer, rows, removed, matchers) or matchers, also_eos=model.eos_token_ids)
 
     def watch(self) -> Watch | None:
         """A new row's watch over what the constraint could not enforce in its grammar (``None``: nothing)."""

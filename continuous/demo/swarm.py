@@ -1,7 +1,7 @@
 """Server processes of a local swarm on 127.0.0.1, started and stopped by their ids.
 
 Used by the tests, the swarm benchmark and the demo: each server is a
-``python -m continuous.server`` subprocess in its own process group.
+``python -m continuous.remote.server`` subprocess in its own process group.
 
 Every process started here is stopped by its id: a server gets SIGTERM (it then leaves
 the DHT and stops its libp2p daemon), and its process group (the server and its p2pd)
@@ -22,14 +22,14 @@ START_TIMEOUT = 90.0
 
 
 class Server:
-    """A ``python -m continuous.server`` subprocess."""
+    """A ``python -m continuous.remote.server`` subprocess."""
 
     def __init__(self, model_dir: Path, blocks: str, initial_peers: list[str], log_dir: Path, *,
                  cache_bytes: int = 2**30, max_length: int = 2048, session_timeout: float = 300.0,
                  update_period: float = 2.0, threads: int = 1):
         # One torch thread by default: the servers of a local swarm share the cores with each
         # other and with the clients, and more threads per process only fight over them.
-        cmd = [sys.executable, "-m", "continuous.server", "--model", str(model_dir), "--blocks", blocks,
+        cmd = [sys.executable, "-m", "continuous.remote.server", "--model", str(model_dir), "--blocks", blocks,
                "--cache-bytes", str(cache_bytes), "--max-length", str(max_length),
                "--session-timeout", str(session_timeout), "--update-period", str(update_period),
                "--threads", str(threads)]

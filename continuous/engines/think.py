@@ -11,10 +11,13 @@ the last thought (fast-forward), with nothing recomputed.
 
 from __future__ import annotations
 
+import bisect
 import json
+from typing import Sequence
 
 import torch
 
+from ..think import inside, turn_tokens
 from . import Match, bits
 from .llguidance import lark
 
@@ -52,6 +55,7 @@ class ThinkConstraint:
 
     def __init__(self, inner, tokenizer, think):
         self.inner, self.think = inner, think
+        self.stops = turn_tokens(tokenizer, think)  # a section never runs across these
         self.section = lark(_section_grammar(tokenizer, think.close), tokenizer)
         self.close_ids = tuple(tokenizer.encode(think.close, add_special_tokens=False))
         self.n_tokens, self.eos = len(tokenizer), tokenizer.eos_token_id
@@ -61,6 +65,21 @@ class ThinkConstraint:
     def matcher(self) -> "ThinkMatcher":
         inner = self.inner.matcher() if self.inner is not None else None
         return ThinkMatcher(self, self.section.matcher(), inner)
+
+    def resume(self, ids: Sequence[int], text: str, ends: Sequence[int]) -> "ThinkMatcher":
+        """The matcher of a row that a call continues: its tokens ``ids``, ending at the
+        characters ``ends`` of its text ``text``.
+
+        A row inside a thinking section (a state cut while it thought, a prompt that began
+        the thoughts) goes on with it: the tokens after its opening marker are the
+        section's so far, and count against the budget.
+        """
+        matcher = self.matcher()
+        start = inside(text, self.think, self.stops)
+        if start is not None:
+            for token_id in ids[bisect.bisect_right(ends, start):]:
+                matcher.advance(token_id)
+        return matcher
 
     def watch(self):
         """The wrapped constraint's watch, fed only the text after the thinking section."""

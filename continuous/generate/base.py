@@ -66,7 +66,7 @@ class SequenceGenerator:
 
     def opened(self, prompt):
         """The prompt of a call, with the thinking section's opening marker where it is missing."""
-        return prompt if self.think is None else opened(prompt, self.think.open)
+        return prompt if self.think is None else opened(prompt, self.think, self.constraint.stops)
 
     def tagger(self):
         """What makes a call's streamed pieces say which part they are (identity without thinking)."""

@@ -205,7 +205,7 @@ def remote(model_path, *, initial_peers, tokenizer=None, max_length: int = 1024,
         Directory of the model (config, tokenizer, safetensors): only the embeddings,
         the final norm and the head are loaded here.
     initial_peers
-        Multiaddresses of peers of the swarm (what ``python -m continuous.server`` prints).
+        Multiaddresses of peers of the swarm (what ``python -m continuous.remote.server`` prints).
     tokenizer
         A loaded fast tokenizer (default: loaded from ``model_path``).
     max_length

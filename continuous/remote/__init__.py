@@ -12,29 +12,19 @@ attention_mask=..., position_ids=...)`` runs new positions through all blocks, a
 dropping the positions from ``start_position`` on and selecting rows ``hypo_ids``;
 ``session.fork()`` copies a session; ``session.close()`` frees the servers' caches.
 
-Server side: ``python -m continuous.server --model PATH --blocks 0:6 --new-swarm``.
-Heavy modules are imported on first use, so that ``import continuous.remote`` is cheap.
+Server side: ``python -m continuous.remote.server --model PATH --blocks 0:6 --new-swarm``.
+Heavy modules (torch, hivemind) are imported on first use, so that ``import
+continuous.remote`` is cheap and the server's ``--help`` answers at once.
 """
 
-from continuous.remote.wire.protocol import (
-    AllocationError,
-    BadRequestError,
-    MaxLengthError,
-    ProtocolError,
-    RemoteError,
-    ServerFaultError,
-    ServerShutdownError,
-    SessionTimeoutError,
-)
+_ERRORS = ("RemoteError", "BadRequestError", "MaxLengthError", "AllocationError", "SessionTimeoutError",
+           "ServerShutdownError", "ProtocolError", "ServerFaultError")
 
-__all__ = [
-    "DistributedModelForCausalLM", "InferenceSession", "SwarmClient", "RemoteError", "BadRequestError",
-    "MaxLengthError", "AllocationError", "SessionTimeoutError", "ServerShutdownError", "ProtocolError",
-    "ServerFaultError",
-]
+__all__ = ["DistributedModelForCausalLM", "InferenceSession", "SwarmClient", *_ERRORS]
 
-_LAZY = {"DistributedModelForCausalLM": "continuous.remote.client.bridge", "InferenceSession": "continuous.remote.client.session",
-         "SwarmClient": "continuous.remote.client.routing"}
+_LAZY = {"DistributedModelForCausalLM": "continuous.remote.client.bridge",
+         "InferenceSession": "continuous.remote.client.session", "SwarmClient": "continuous.remote.client.routing",
+         **dict.fromkeys(_ERRORS, "continuous.remote.wire.protocol")}
 
 
 def __getattr__(name):

@@ -1,6 +1,6 @@
 """A swarm server: holds a span of blocks, announces it in the DHT, serves sessions.
 
-Run it as ``python -m continuous.server --model PATH --blocks START:END --new-swarm``
+Run it as ``python -m continuous.remote.server --model PATH --blocks START:END --new-swarm``
 (or ``--initial-peers MADDR ...`` to join a swarm). When it is ready it prints the
 multiaddress that others join with on a line of its own.
 """
@@ -197,7 +197,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    """Serve as ``python -m continuous.server`` asked (its arguments parsed), until SIGTERM or Ctrl-C."""
+    """Serve as ``python -m continuous.remote.server`` asked (its arguments parsed), until SIGTERM or Ctrl-C."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(max(1, args.threads or torch.get_num_threads()))
