@@ -41,12 +41,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "within BUDGET tokens if given; chat answers give the thinking as reasoning_content")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch's CPU threads (default: torch's choice, one per core)")
+    parser.add_argument("--api-key", default=None,
+                        help="requests must carry 'Authorization: Bearer API_KEY' (/health stays open)")
+    parser.add_argument("--api-key-file", default=None, metavar="FILE",
+                        help="like --api-key, the key read from FILE (kept out of the process list)")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     args = parser.parse_args(argv)
     if args.max_queue < 1:
         parser.error("--max-queue must be at least 1")
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be at least 1")
+    from .auth import read_key
+
+    try:
+        args.api_key = read_key(args.api_key, args.api_key_file)
+    except (OSError, ValueError) as exc:
+        parser.error(f"--api-key: {exc}")
     return args
 
 
@@ -73,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     from continuous.serve.app import build_app
 
     app = build_app(load(args), name=args.served_model_name or args.model, max_queue=args.max_queue,
-                    think=args.think)
+                    think=args.think, api_key=args.api_key)
     # Streams still open at shutdown are cut after a few seconds rather than awaited.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
 

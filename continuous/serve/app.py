@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from ..think import thinking
+from .auth import BearerAuth
 from .calls import Call, Delta, RequestError, Served
 from .wire import (
     ChatChoice,
@@ -52,7 +53,8 @@ __all__ = ["build_app"]
 log = logging.getLogger("continuous.serve")
 
 
-def build_app(model, *, name: str, max_queue: int = 64, think: bool | int | None = None) -> FastAPI:
+def build_app(model, *, name: str, max_queue: int = 64, think: bool | int | None = None,
+              api_key: str | None = None) -> FastAPI:
     """The OpenAI-compatible application serving ``model``.
 
     Parameters
@@ -67,6 +69,9 @@ def build_app(model, *, name: str, max_queue: int = 64, think: bool | int | None
         Every answer thinks first, within the markers of the model's chat template or
         tokenizer (``True``, or an int: a budget of tokens), as ``think=`` says; chat answers
         give the thinking in ``reasoning_content``.
+    api_key
+        Every request but ``/health`` must carry ``Authorization: Bearer API_KEY``; others
+        are answered 401 (``None``: no key is asked).
 
     Raises
     ------
@@ -82,6 +87,8 @@ def build_app(model, *, name: str, max_queue: int = 64, think: bool | int | None
     app.state.served = served
     _errors(app)
     _routes(app, served)
+    if api_key is not None:
+        app.add_middleware(BearerAuth, key=api_key)
     return app
 
 

@@ -43,3 +43,11 @@ def local(chat_model_dir):
     from continuous import models
 
     return models.transformers(str(chat_model_dir), dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def chat_model(chat_model_dir):
+    """The served model in this process, for apps tested without a subprocess."""
+    from continuous import models
+
+    return models.transformers(str(chat_model_dir), dtype="float32")

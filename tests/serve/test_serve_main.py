@@ -31,3 +31,15 @@ def test_mistakes_get_a_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as exited:
         parse_args(argv)
     assert exited.value.code == 2 and "usage:" in capsys.readouterr().err
+
+
+def test_the_api_key_comes_from_the_command_line_or_a_file(tmp_path, capsys):
+    assert parse_args(["m"]).api_key is None
+    assert parse_args(["m", "--api-key", "sk-1"]).api_key == "sk-1"
+    (tmp_path / "key").write_text("sk-2\n")
+    assert parse_args(["m", "--api-key-file", str(tmp_path / "key")]).api_key == "sk-2"
+    for argv in (["m", "--api-key", ""], ["m", "--api-key-file", str(tmp_path / "nowhere")],
+                 ["m", "--api-key", "a", "--api-key-file", str(tmp_path / "key")]):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert "--api-key" in capsys.readouterr().err
