@@ -40,6 +40,7 @@ from .wire import (
     CompletionRequest,
     ErrorBody,
     ErrorResponse,
+    FieldError,
     ModelCard,
     ModelList,
     PromptTokensDetails,
@@ -109,9 +110,9 @@ def _errors(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             return _error(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}",
                           code="invalid_json")
-        param = _place(first)
+        param, code = _param_code(first)
         problems = "; ".join(f"{_place(e) or 'body'}: {e['msg']}" for e in exc.errors())
-        return _error(400, problems, param, code="invalid_value" if param else "invalid_body")
+        return _error(400, problems, param, code)
 
     @app.exception_handler(HTTPException)
     async def http(request, exc: HTTPException):
@@ -122,6 +123,22 @@ def _errors(app: FastAPI) -> None:
     async def failed(request, exc: Exception):
         log.exception("request failed")
         return _error(500, f"the server failed: {type(exc).__name__}: {exc}", kind="server_error")
+
+
+#: pydantic's error types in OpenAI's codes (any other is ``invalid_value``).
+CODES = {"missing": "missing_required_parameter", "extra_forbidden": "unknown_parameter"}
+
+
+def _param_code(error: dict) -> tuple[str | None, str]:
+    """OpenAI's ``param`` and ``code`` of a validation error: where it is, and what kind it is."""
+    refusal = error.get("ctx", {}).get("error")
+    if isinstance(refusal, FieldError):  # a check across fields names its own
+        return refusal.param, refusal.code
+    param = _place(error)
+    if param is None:
+        return None, "invalid_body"  # the body as a whole: not an object
+    kind = error.get("type", "")
+    return param, CODES.get(kind, "invalid_type" if kind.endswith("_type") else "invalid_value")
 
 
 def _place(error: dict) -> str | None:

@@ -33,9 +33,10 @@ GENERATORS_KEPT = 64
 
 
 class RequestError(Exception):
-    """A request the server refuses: an OpenAI-shaped error with an HTTP status."""
+    """A request the server refuses: an OpenAI-shaped error with an HTTP status, the field it is
+    about (``param``) and what kind of refusal it is (``code``)."""
 
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None,
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str = "invalid_value",
                  kind: str = "invalid_request_error"):
         super().__init__(message)
         self.message, self.status, self.param, self.code, self.kind = message, status, param, code, kind

@@ -12,15 +12,25 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
-    "ChatRequest", "CompletionRequest", "Message", "ResponseFormat", "JsonSchemaFormat", "StreamOptions",
+    "FieldError", "ChatRequest", "CompletionRequest", "Message", "ResponseFormat", "JsonSchemaFormat", "StreamOptions",
     "TokenLogprob", "TopLogprob", "ChoiceLogprobs", "CompletionLogprobs", "Usage", "PromptTokensDetails",
     "ChatMessage", "ChatChoice", "ChatCompletion", "ChatDelta", "ChatChunkChoice", "ChatCompletionChunk",
     "CompletionChoice", "Completion", "ModelCard", "ModelList", "ErrorBody", "ErrorResponse",
 ]
 
 
+class FieldError(ValueError):
+    """A refusal that names the field it is about (OpenAI's ``param``), for checks across fields,
+    whose place pydantic cannot tell."""
+
+    def __init__(self, param: str, message: str, code: str = "invalid_value"):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # strict: a number sent as a string ("max_tokens": "5") is refused, as OpenAI refuses it.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
 
 # ------------------------------------------------------------------ requests
@@ -70,7 +80,7 @@ class ResponseFormat(_Strict):
     @model_validator(mode="after")
     def _schema_given(self):
         if (self.type == "json_schema") != (self.json_schema is not None):
-            raise ValueError("json_schema is given exactly when type is 'json_schema'")
+            raise FieldError("response_format", "json_schema is given exactly when type is 'json_schema'")
         return self
 
 
@@ -87,7 +97,7 @@ class _Request(_Strict):
     stop: str | list[str] | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)  # what torch.Generator takes
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
@@ -115,6 +125,12 @@ class _Request(_Strict):
             raise ValueError(f"{info.field_name} is not supported (only 0)")
         return value
 
+    @model_validator(mode="after")
+    def _stream_options(self):
+        if self.stream_options is not None and not self.stream:
+            raise FieldError("stream_options", "stream_options needs stream: true")
+        return self
+
     @property
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
@@ -135,9 +151,21 @@ class ChatRequest(_Request):
     @model_validator(mode="after")
     def _one_limit(self):
         if self.max_tokens is not None and self.max_completion_tokens is not None:
-            raise ValueError("give max_tokens or max_completion_tokens, not both")
+            raise FieldError("max_completion_tokens", "give max_tokens or max_completion_tokens, not both")
         if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs: true")
+            raise FieldError("top_logprobs", "top_logprobs needs logprobs: true")
+        return self
+
+    @model_validator(mode="after")
+    def _answered_calls(self):
+        """Each tool message answers a call of an earlier assistant message."""
+        called: set[str] = set()
+        for i, message in enumerate(self.messages):
+            called.update(str(c.get("id")) for c in message.tool_calls or () if c.get("id") is not None)
+            if message.role == "tool" and message.tool_call_id not in called:
+                said = "has no tool_call_id" if message.tool_call_id is None else \
+                    f"answers {message.tool_call_id!r}, which no earlier assistant message called"
+                raise FieldError(f"messages.{i}.tool_call_id", f"the tool message {said}")
         return self
 
     @property
@@ -157,7 +185,7 @@ class CompletionRequest(_Request):
     @model_validator(mode="after")
     def _best_of(self):
         if self.best_of is not None and self.best_of != self.n:
-            raise ValueError("best_of other than n is not supported")
+            raise FieldError("best_of", "best_of other than n is not supported")
         return self
 
     @property
