@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 from ..think import thinking
 from .auth import BearerAuth
 from .calls import Call, Delta, RequestError, Served
+from .tokens import add_token_routes
 from .wire import (
     ChatChoice,
     ChatChunkChoice,
@@ -88,6 +89,7 @@ def build_app(model, *, name: str, max_queue: int = 64, think: bool | int | None
     app.state.served = served
     _errors(app)
     _routes(app, served)
+    add_token_routes(app, served)
     if api_key is not None:
         app.add_middleware(BearerAuth, key=api_key)
     return app
@@ -159,7 +161,7 @@ def _routes(app: FastAPI, served: Served) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
-        _check_model(served, body.model)
+        served.check_model(body.model)
         generator = None
         if body.tools:  # calls come back in message.tool_calls, finish_reason "tool_calls"
             if body.response_format is not None and body.response_format.type != "text":
@@ -174,16 +176,10 @@ def _routes(app: FastAPI, served: Served) -> None:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        _check_model(served, body.model)
+        served.check_model(body.model)
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         call = served.call(prompts, body, body.limit, body.logprobs, param="prompt")
         return await _answer(served, request, call, body.stream, _TextShape(served, body))
-
-
-def _check_model(served: Served, name: str) -> None:
-    if name != served.name:
-        raise RequestError(f"the model {name!r} is not served here; this server serves {served.name!r}",
-                           status=404, param="model", code="model_not_found", kind="not_found_error")
 
 
 async def _answer(served: Served, request: Request, call: Call, stream: bool, shape: "_Shape"):

@@ -209,6 +209,12 @@ class Served:
         self.in_flight = 0
         self._generators: OrderedDict[tuple, ContinuousGenerator] = OrderedDict()
 
+    def check_model(self, name: str | None) -> None:
+        """Refuse (404) a request naming another model (``None``: llama.cpp's clients name none)."""
+        if name is not None and name != self.name:
+            raise RequestError(f"the model {name!r} is not served here; this server serves {self.name!r}",
+                               status=404, param="model", code="model_not_found", kind="not_found_error")
+
     def admit(self) -> None:
         """Count one more request in flight, or refuse it when the queue is full."""
         if self.in_flight >= self.max_queue:
@@ -252,9 +258,13 @@ class Served:
         generator = generator or self.generator(request.response_format, request.n)
         return Call(generator, prompts, counts, request.n, request.stops, options)
 
+    def encode(self, prompt: str, special: bool = True) -> list[int]:
+        """The prompt's token ids, as a call encodes it (``special``: with the tokenizer's BOS)."""
+        return encode(self.model.tokenizer, prompt, special=special)[0]
+
     def _count(self, prompt: str, limit: int | None, param: str) -> int:
         """The prompt's tokens (as the call will encode it), refused when the context cannot hold the call."""
-        count = len(encode(self.model.tokenizer, prompt, special=True)[0])
+        count = len(self.encode(prompt))
         context = self.model.max_length
         if count >= context or (limit is not None and count + limit > context):
             wanted = f"{count} in the prompt" + (f" and {limit} to generate" if limit is not None else "")

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
-    "FieldError", "ChatRequest", "CompletionRequest", "Message", "ResponseFormat", "JsonSchemaFormat", "StreamOptions",
+    "FieldError", "ChatRequest", "TokenizeRequest", "DetokenizeRequest", "TokenizeResponse", "DetokenizeResponse", "CompletionRequest", "Message", "ResponseFormat", "JsonSchemaFormat", "StreamOptions",
     "TokenLogprob", "TopLogprob", "ChoiceLogprobs", "CompletionLogprobs", "Usage", "PromptTokensDetails",
     "ChatMessage", "ChatChoice", "ChatCompletion", "ChatDelta", "ChatChunkChoice", "ChatCompletionChunk",
     "CompletionChoice", "Completion", "ModelCard", "ModelList", "ErrorBody", "ErrorResponse",
@@ -194,6 +194,32 @@ class CompletionRequest(_Request):
         return 16 if self.max_tokens is None else self.max_tokens
 
 
+class TokenizeRequest(_Strict):
+    """``POST /tokenize``: a prompt (``content`` is llama.cpp's name for it) or chat messages."""
+
+    model: str | None = None
+    prompt: str | None = None
+    content: str | None = None
+    messages: list[Message] | None = Field(None, min_length=1)
+    add_special_tokens: bool = True  # a prompt's BOS (messages: the chat template decides)
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        given = [k for k in ("prompt", "content", "messages") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise FieldError(given[-1] if given else "prompt", "give one of prompt, content or messages",
+                             "invalid_value" if given else "missing_required_parameter")
+        return self
+
+
+class DetokenizeRequest(_Strict):
+    """``POST /detokenize``: token ids back to text."""
+
+    model: str | None = None
+    tokens: list[int]
+
+
 # ------------------------------------------------------------------ responses
 class TopLogprob(BaseModel):
     token: str
@@ -286,6 +312,18 @@ class Completion(_Answer):
     object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
     usage: Usage | None = None
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+    content: str  # llama.cpp's name
 
 
 class ModelCard(BaseModel):
