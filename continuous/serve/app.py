@@ -284,7 +284,8 @@ class _ChatShape(_Shape):
         choices = [ChatChoice(index=i, message=ChatMessage(content=row.text if row.text or not row.tool_calls
                                                            else None, tool_calls=row.tool_calls,
                                                            reasoning_content=row.reasoning),
-                              finish_reason=row.finish_reason, logprobs=_chat_logprobs(row.logprobs, self.body.logprobs))
+                              finish_reason=row.finish_reason, logprobs=_chat_logprobs(row.logprobs, self.body.logprobs),
+                              choice_scores=row.choice_scores)
                    for i, row in enumerate(rows)]
         return ChatCompletion(id=self.id, created=self.created, model=self.served.name, choices=choices,
                               usage=self.usage(call, state, rows))
@@ -296,7 +297,8 @@ class _ChatShape(_Shape):
 
     def chunk(self, step: list[Delta]) -> ChatCompletionChunk:
         return self._chunk([ChatChunkChoice(index=i, delta=_chat_delta(d), finish_reason=d.finish_reason,
-                                            logprobs=_chat_logprobs(d.logprobs, self.body.logprobs))
+                                            logprobs=_chat_logprobs(d.logprobs, self.body.logprobs),
+                                            choice_scores=d.choice_scores)
                             for i, d in enumerate(step) if _says(d)])
 
     def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
@@ -311,7 +313,7 @@ class _TextShape(_Shape):
     def whole(self, call: Call, state) -> Completion:
         rows = call.rows(state)
         choices = [CompletionChoice(index=i, text=row.text, finish_reason=row.finish_reason,
-                                    logprobs=_text_logprobs(row.logprobs))
+                                    logprobs=_text_logprobs(row.logprobs), choice_scores=row.choice_scores)
                    for i, row in enumerate(rows)]
         return Completion(id=self.id, created=self.created, model=self.served.name, choices=choices,
                           usage=self.usage(call, state, rows))
@@ -320,7 +322,7 @@ class _TextShape(_Shape):
         wanted = self.body.logprobs is not None
         return Completion(id=self.id, created=self.created, model=self.served.name, choices=[
             CompletionChoice(index=i, text=d.text, finish_reason=d.finish_reason,
-                             logprobs=_text_logprobs(d.logprobs) if wanted else None)
+                             logprobs=_text_logprobs(d.logprobs) if wanted else None, choice_scores=d.choice_scores)
             for i, d in enumerate(step) if _says(d)])
 
     def usage_chunk(self, usage: Usage) -> Completion:

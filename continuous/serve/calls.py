@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator
 from .. import chat, generate, samplers
 from ..layout import encode
 from ..wrapper import ContinuousGenerator, continuous
-from .wire import ResponseFormat
+from .wire import Constraint, ResponseFormat
 
 __all__ = ["RequestError", "Served", "Call", "Row", "Delta", "FINISH"]
 
@@ -53,6 +53,7 @@ class Row:
     logprobs: list[tuple] | None
     tool_calls: list[dict] | None = None
     reasoning: str | None = None
+    choice_scores: dict[str, float] | None = None  # each option's log-probability, for a choice
 
 
 @dataclass
@@ -64,6 +65,7 @@ class Delta:
     finish_reason: str | None = None
     reasoning: str = ""
     tool_calls: list[dict] | None = None
+    choice_scores: dict[str, float] | None = None  # on a choice's last delta
 
 
 @dataclass
@@ -95,7 +97,7 @@ class Call:
         its calls and its thinking, apart."""
         counts = state.attention_mask.sum(1).tolist()
         reasons = state.finish_reasons
-        logprobs = state.logprobs
+        logprobs, scores = state.logprobs, state.choice_scores
         replies = _replies(state, len(reasons)) if self.tools else [None] * len(reasons)
         out = []
         for r, full in enumerate(state):
@@ -108,6 +110,7 @@ class Call:
             if self.think is not None:  # the library wrote the opening marker after the prompt
                 row.reasoning, row.text = self.generator.generator.parse.parts(text.removeprefix(self.think.open))
             _calls(row, replies[r])
+            row.choice_scores = scores[r] if scores is not None else None
             out.append(row)
         return out
 
@@ -136,7 +139,7 @@ class Call:
             await stream.aclose()
         final = self.rows(stream.state)
         yield [Delta(row.text[sent[r]:], (row.logprobs or [])[logged[r]:], row.finish_reason,
-                     tool_calls=row.tool_calls) for r, row in enumerate(final)]
+                     tool_calls=row.tool_calls, choice_scores=row.choice_scores) for r, row in enumerate(final)]
 
 
 def _flat(pieces, rows: int) -> list[str]:
@@ -255,7 +258,7 @@ class Served:
             sampling = {"temperature": 0}  # greedy, whatever top_p says
         options = dict(max_tokens=limit, stop_at=request.stops or None, seed=request.seed, logprobs=logprobs,
                        **{k: v for k, v in sampling.items() if v is not None})
-        generator = generator or self.generator(request.response_format, request.n)
+        generator = generator or self.generator(request.response_format, request.n, request.constraint)
         return Call(generator, prompts, counts, request.n, request.stops, options)
 
     def encode(self, prompt: str, special: bool = True) -> list[int]:
@@ -273,17 +276,34 @@ class Served:
                                code="context_length_exceeded")
         return count
 
-    def generator(self, response_format: ResponseFormat | None, n: int) -> ContinuousGenerator:
-        """The generator for a response format with ``n`` samples per prompt, built once and kept."""
+    def generator(self, response_format: ResponseFormat | None, n: int, constraint: Constraint | None = None
+                  ) -> ContinuousGenerator:
+        """The generator for a response format, or a constraint, with ``n`` samples per prompt,
+        built once and kept."""
+        if constraint is not None:
+            return self._constrained(constraint, n)
         kind = response_format.type if response_format is not None else "text"
         schema = {"type": "object"} if kind == "json_object" else None
         if kind == "json_schema":
             schema = response_format.json_schema.schema_
         if schema is None:
             return self._kept(("text", n), lambda sampler: generate.text(self.model, sampler, think=self.think))
-        return self._kept((kind, json.dumps(schema, sort_keys=True), n),
-                          lambda sampler: generate.json(self.model, schema, sampler, think=self.think),
-                          "the JSON schema cannot be used", "response_format", "invalid_json_schema")
+        return self._constrained(Constraint(kind="json", spec=schema, param="response_format"), n)
+
+    def _constrained(self, constraint: Constraint, n: int) -> ContinuousGenerator:
+        """The generator of a regex, a choice (with each option's score, unless answers think
+        first), a Lark grammar or a JSON schema."""
+        model, think, spec = self.model, self.think, constraint.spec
+        build = {
+            "regex": lambda sampler: generate.regex(model, spec, sampler, think=think),
+            "choice": lambda sampler: generate.choice(model, spec, sampler, scores=think is None, think=think),
+            "grammar": lambda sampler: generate.cfg(model, spec, sampler, think=think),
+            "json": lambda sampler: generate.json(model, spec, sampler, think=think),
+        }[constraint.kind]
+        what, code = {"json": ("JSON schema", "invalid_json_schema")}.get(
+            constraint.kind, (constraint.kind, f"invalid_{constraint.kind}"))
+        return self._kept((constraint.kind, json.dumps(spec, sort_keys=True), n), build,
+                          f"the {what} cannot be used", constraint.param, code)
 
     def tools_generator(self, tools: list[dict], tool_choice, n: int) -> ContinuousGenerator:
         """The generator of replies that may call ``tools`` (OpenAI's dicts), built once and kept."""

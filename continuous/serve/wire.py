@@ -7,12 +7,13 @@ Responses are built from these types, so their shape is checked too.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
-    "FieldError", "ChatRequest", "TokenizeRequest", "DetokenizeRequest", "TokenizeResponse", "DetokenizeResponse", "CompletionRequest", "Message", "ResponseFormat", "JsonSchemaFormat", "StreamOptions",
+    "FieldError", "StructuredOutputs", "Constraint", "ChatRequest", "TokenizeRequest", "DetokenizeRequest", "TokenizeResponse", "DetokenizeResponse", "CompletionRequest", "Message", "ResponseFormat", "JsonSchemaFormat", "StreamOptions",
     "TokenLogprob", "TopLogprob", "ChoiceLogprobs", "CompletionLogprobs", "Usage", "PromptTokensDetails",
     "ChatMessage", "ChatChoice", "ChatCompletion", "ChatDelta", "ChatChunkChoice", "ChatCompletionChunk",
     "CompletionChoice", "Completion", "ModelCard", "ModelList", "ErrorBody", "ErrorResponse",
@@ -84,6 +85,51 @@ class ResponseFormat(_Strict):
         return self
 
 
+class StructuredOutputs(_Strict):
+    """``structured_outputs``: the answer matches a regex, is one of ``choice``, is in a Lark
+    grammar's language, or is JSON of a schema (give one)."""
+
+    regex: str | None = None
+    choice: list[str] | None = Field(None, min_length=1)
+    grammar: str | None = None
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+
+    @model_validator(mode="after")
+    def _one(self):
+        given = [k for k in ("regex", "choice", "grammar", "json_") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise FieldError("structured_outputs", "structured_outputs holds one of regex, choice, grammar or json, "
+                             f"got {len(given)}")
+        return self
+
+    @field_validator("json_")
+    @classmethod
+    def _schema(cls, schema):
+        return _schema(schema)
+
+
+def _schema(schema: dict | str | None) -> dict | None:
+    """A JSON schema given as an object or as its JSON text (vLLM takes both)."""
+    if not isinstance(schema, str):
+        return schema
+    try:
+        parsed = json.loads(schema)
+    except ValueError as exc:
+        raise ValueError(f"the JSON schema is not JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError("a JSON schema is an object")
+    return parsed
+
+
+class Constraint(BaseModel):
+    """The one constraint a request asks for: ``kind`` (``regex``, ``choice``, ``grammar`` or
+    ``json``), its ``spec``, and the field that gave it (``param``, for refusals)."""
+
+    kind: Literal["regex", "choice", "grammar", "json"]
+    spec: Any
+    param: str
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
 
@@ -101,6 +147,12 @@ class _Request(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
+    # Our constraints, as vLLM names them (guided_*: its older names, which clients still send).
+    structured_outputs: StructuredOutputs | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(None, min_length=1)
+    guided_grammar: str | None = None
+    guided_json: dict[str, Any] | str | None = None
     # Accepted, with no effect on the output: clients send them routinely.
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -130,6 +182,39 @@ class _Request(_Strict):
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "stream_options needs stream: true")
         return self
+
+    @model_validator(mode="after")
+    def _one_constraint(self):
+        given = self._constraints()
+        if len(given) > 1:
+            raise FieldError(given[1].param, f"give one constraint per request: {given[0].param} and "
+                             f"{given[1].param} are both given")
+        return self
+
+    @field_validator("guided_json")
+    @classmethod
+    def _schema(cls, schema):
+        return _schema(schema)
+
+    def _constraints(self) -> list[Constraint]:
+        """Every constraint the request gives (tools and response formats included)."""
+        out = []
+        if getattr(self, "tools", None):
+            out.append(Constraint(kind="json", spec=None, param="tools"))
+        if self.response_format is not None and self.response_format.type != "text":
+            out.append(Constraint(kind="json", spec=None, param="response_format"))
+        if self.structured_outputs is not None:
+            out += [Constraint(kind=k.rstrip("_"), spec=v, param=f"structured_outputs.{k.rstrip('_')}")
+                    for k, v in self.structured_outputs if v is not None]
+        out += [Constraint(kind=k, spec=v, param=f"guided_{k}")
+                for k in ("regex", "choice", "grammar", "json") if (v := getattr(self, f"guided_{k}")) is not None]
+        return out
+
+    @property
+    def constraint(self) -> Constraint | None:
+        """The request's ``structured_outputs`` or ``guided_*`` constraint, if one."""
+        given = [c for c in self._constraints() if c.param not in ("response_format", "tools")]
+        return given[0] if given else None
 
     @property
     def stops(self) -> list[str]:
@@ -265,6 +350,7 @@ class ChatChoice(BaseModel):
     message: ChatMessage
     finish_reason: str | None
     logprobs: ChoiceLogprobs | None = None
+    choice_scores: dict[str, float] | None = None  # each option's log-probability (structured choice)
 
 
 class _Answer(BaseModel):
@@ -293,6 +379,7 @@ class ChatChunkChoice(BaseModel):
     delta: ChatDelta
     finish_reason: str | None = None
     logprobs: ChoiceLogprobs | None = None
+    choice_scores: dict[str, float] | None = None
 
 
 class ChatCompletionChunk(_Answer):
@@ -306,6 +393,7 @@ class CompletionChoice(BaseModel):
     text: str
     finish_reason: str | None
     logprobs: CompletionLogprobs | None = None
+    choice_scores: dict[str, float] | None = None
 
 
 class Completion(_Answer):
