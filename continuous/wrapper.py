@@ -85,7 +85,9 @@ def _signature(self, prompt, max_tokens: int | None = None, stop_at: str | Seque
                seed: int | None = None, rng: torch.Generator | None = None, heal: bool = False, *,
                sampler: Sampler | None = None, temperature: float | None = None, top_p: float | None = None,
                top_k: int | None = None, min_p: float | None = None, repetition_penalty: float | None = None,
-               logits_processors: Sequence[Any] | None = None, logprobs: int | None = None, speculate: Any = None):
+               logits_processors: Sequence[Any] | None = None, logprobs: int | None = None, speculate: Any = None,
+               logit_bias: dict[int, float] | None = None, presence_penalty: float | None = None,
+               frequency_penalty: float | None = None):
     """The arguments of a call (``__call__``, ``stream``, ``acall`` and ``astream``)."""
 
 
@@ -124,6 +126,13 @@ _ARGUMENTS = """
         logprobs
             Keep each generated token's log-probability and its ``logprobs`` likeliest
             alternatives with theirs, in :attr:`SequenceState.logprobs`.
+        logit_bias
+            Token id -> a number added to that token's score at every step, in every row
+            (as OpenAI's ``logit_bias``; -100 all but forbids a token, 100 all but forces it).
+        presence_penalty, frequency_penalty
+            As OpenAI defines them: a token the row generated ``c`` times in this call
+            loses ``frequency_penalty * c + presence_penalty * (c > 0)`` from its score
+            (positive values discourage repeats, negative ones encourage them).
         speculate
             Speculative decoding: ``continuous.PromptLookup(k=8, ngram=3)`` drafts by copying
             from the row's own text (prompt and output), and a ``models.transformers`` model
@@ -131,8 +140,8 @@ _ARGUMENTS = """
             drafts as an assistant. Each step forwards the drafted tokens with its own and
             keeps those the model would have chosen: greedy outputs are the same as without
             it, sampled ones have the same distribution. Not with beam search,
-            ``logits_processors`` or ``repetition_penalty``. ``model.stats.tokens_drafted``
-            and ``tokens_accepted`` count the drafts.
+            ``logits_processors``, ``repetition_penalty``, ``logit_bias`` or the penalties.
+            ``model.stats.tokens_drafted`` and ``tokens_accepted`` count the drafts.
 
         Raises
         ------
