@@ -189,7 +189,7 @@ async def _answer(served: Served, request: Request, call: Call, stream: bool, sh
         started = call.astream()  # the call's arguments are checked here, before any answer
     except (ValueError, TypeError) as exc:
         served.release()
-        raise RequestError(str(exc)) from exc
+        raise RequestError(str(exc), param=_named(str(exc), shape.body)) from exc
     if stream:
         return _Events(shape.events(call, started), served.release)
     try:
@@ -199,6 +199,12 @@ async def _answer(served: Served, request: Request, call: Call, stream: bool, sh
     if state is None:  # the client left: nobody reads an answer
         return JSONResponse({}, status_code=499)
     return JSONResponse(shape.whole(call, state).model_dump(exclude_none=True))
+
+
+def _named(message: str, body: BaseModel) -> str | None:
+    """The request's field that a library's refusal names first (its messages begin with the
+    argument's name: ``logit_bias: 5000 is not a token id...``)."""
+    return next((f for f in sorted(body.model_fields_set, key=len, reverse=True) if message.startswith(f)), None)
 
 
 async def _unless_gone(request: Request, work) -> Any:

@@ -258,6 +258,9 @@ class Served:
             sampling = {"temperature": 0}  # greedy, whatever top_p says
         options = dict(max_tokens=limit, stop_at=request.stops or None, seed=request.seed, logprobs=logprobs,
                        **{k: v for k, v in sampling.items() if v is not None})
+        if request.logit_bias:
+            options["logit_bias"] = {int(token): bias for token, bias in request.logit_bias.items()}
+        options.update({k: v for k in ("presence_penalty", "frequency_penalty") if (v := getattr(request, k))})
         generator = generator or self.generator(request.response_format, request.n, request.constraint)
         return Call(generator, prompts, counts, request.n, request.stops, options)
 

@@ -158,9 +158,10 @@ class _Request(_Strict):
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
-    # OpenAI's penalties are not implemented: only their neutral value is accepted.
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
+    # Sampling controls as OpenAI defines them (logit_bias: token id, as a string -> bias).
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -170,12 +171,15 @@ class _Request(_Strict):
             raise ValueError("a stop string may not be empty")
         return stop
 
-    @field_validator("frequency_penalty", "presence_penalty")
+    @field_validator("logit_bias")
     @classmethod
-    def _no_penalty(cls, value, info):
-        if value != 0:
-            raise ValueError(f"{info.field_name} is not supported (only 0)")
-        return value
+    def _bias(cls, bias):
+        for token, value in (bias or {}).items():
+            if not token.isdigit():
+                raise ValueError(f"logit_bias is keyed by token ids, got {token!r}")
+            if not -100 <= value <= 100:
+                raise ValueError(f"a logit bias is between -100 and 100, got {value} for token {token}")
+        return bias
 
     @model_validator(mode="after")
     def _stream_options(self):
