@@ -7,6 +7,7 @@ import functools
 import inspect
 import json
 import threading
+import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -315,6 +316,8 @@ class Stream:
 
     Iterating it ends with ``StopIteration`` whose ``value`` is the final state, as a
     generator's return value. With ``last_value``, the final state's ``value`` is the last item.
+    ``first_piece_at`` is the ``time.monotonic()`` of the first piece (the first token), once
+    it came: the time to first token of a call that runs whole too.
     """
 
     def __init__(self, start: Callable[[], Decoding], state: Callable[[Generation], SequenceState],
@@ -325,6 +328,7 @@ class Stream:
         self._steps = None
         self._snapshot: SequenceState | None = None
         self._final: SequenceState | None = None
+        self.first_piece_at: float | None = None
 
     def __iter__(self) -> "Stream":
         return self
@@ -349,6 +353,8 @@ class Stream:
                 return False, self._final.value
             return True, self._final
         self._snapshot = None
+        if self.first_piece_at is None:
+            self.first_piece_at = time.monotonic()
         return False, self._shape(pieces)
 
     def run(self) -> SequenceState:
@@ -453,3 +459,8 @@ class AsyncStream:
     @property
     def state(self) -> SequenceState:
         return self._stream.state
+
+    @property
+    def first_piece_at(self) -> float | None:
+        """The ``time.monotonic()`` of the first piece, once it came (see :class:`Stream`)."""
+        return self._stream.first_piece_at

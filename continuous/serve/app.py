@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 from ..think import thinking
 from .auth import BearerAuth
 from .calls import Call, Delta, RequestError, Served
+from .metrics import add_metrics_route
 from .tokens import add_token_routes
 from .wire import (
     ChatChoice,
@@ -90,6 +91,7 @@ def build_app(model, *, name: str, max_queue: int = 64, think: bool | int | None
     _errors(app)
     _routes(app, served)
     add_token_routes(app, served)
+    add_metrics_route(app, served)
     if api_key is not None:
         app.add_middleware(BearerAuth, key=api_key)
     return app
@@ -190,12 +192,20 @@ async def _answer(served: Served, request: Request, call: Call, stream: bool, sh
     except (ValueError, TypeError) as exc:
         served.release()
         raise RequestError(str(exc), param=_named(str(exc), shape.body)) from exc
+    tracked = served.metrics.track(call, started)
+
+    def done() -> None:
+        try:
+            served.metrics.done(tracked)
+        finally:
+            served.release()
+
     if stream:
-        return _Events(shape.events(call, started), served.release)
+        return _Events(shape.events(call, started), done)
     try:
         state = await _unless_gone(request, started.run())
     finally:
-        served.release()
+        done()
     if state is None:  # the client left: nobody reads an answer
         return JSONResponse({}, status_code=499)
     return JSONResponse(shape.whole(call, state).model_dump(exclude_none=True))

@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator
 from .. import chat, generate, samplers
 from ..layout import encode
 from ..wrapper import ContinuousGenerator, continuous
+from .metrics import Metrics
 from .wire import Constraint, ResponseFormat
 
 __all__ = ["RequestError", "Served", "Call", "Row", "Delta", "FINISH"]
@@ -210,6 +211,7 @@ class Served:
         self.think = think  # every generator's think=: its answers think first
         self.created = int(time.time())
         self.in_flight = 0
+        self.metrics = Metrics(self)
         self._generators: OrderedDict[tuple, ContinuousGenerator] = OrderedDict()
 
     def check_model(self, name: str | None) -> None:
@@ -221,6 +223,7 @@ class Served:
     def admit(self) -> None:
         """Count one more request in flight, or refuse it when the queue is full."""
         if self.in_flight >= self.max_queue:
+            self.metrics.rejected.inc()
             raise RequestError(f"the server is busy: {self.in_flight} requests are running or waiting "
                                f"(at most {self.max_queue}); retry later", status=429,
                                code="rate_limit_exceeded", kind="rate_limit_error")
