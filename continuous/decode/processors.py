@@ -18,8 +18,8 @@ import torch
 from .constraints import RowConstraints
 from .rows import RowView
 
-__all__ = ["Scores", "Processor", "External", "Biased", "Penalized", "Constrained", "Forced", "Banned", "Finished", "ForkRanking", "run",
-           "pipeline"]
+__all__ = ["Scores", "Processor", "External", "Biased", "Penalized", "Constrained", "Forced", "Banned", "Finished",
+           "ForkRanking", "run", "pipeline"]
 
 
 @dataclass

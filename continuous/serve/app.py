@@ -300,7 +300,8 @@ class _ChatShape(_Shape):
         choices = [ChatChoice(index=i, message=ChatMessage(content=row.text if row.text or not row.tool_calls
                                                            else None, tool_calls=row.tool_calls,
                                                            reasoning_content=row.reasoning),
-                              finish_reason=row.finish_reason, logprobs=_chat_logprobs(row.logprobs, self.body.logprobs),
+                              finish_reason=row.finish_reason,
+                              logprobs=_chat_logprobs(row.logprobs, self.body.logprobs),
                               choice_scores=row.choice_scores)
                    for i, row in enumerate(rows)]
         return ChatCompletion(id=self.id, created=self.created, model=self.served.name, choices=choices,

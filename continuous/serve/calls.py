@@ -261,10 +261,13 @@ class Served:
             sampling = {"temperature": 0}  # greedy, whatever top_p says
         options = dict(max_tokens=limit, stop_at=request.stops or None, seed=request.seed, logprobs=logprobs,
                        **{k: v for k, v in sampling.items() if v is not None})
-        if request.logit_bias:
-            options["logit_bias"] = {int(token): bias for token, bias in request.logit_bias.items()}
-        options.update({k: v for k in ("presence_penalty", "frequency_penalty") if (v := getattr(request, k))})
-        generator = generator or self.generator(request.response_format, request.n, request.constraint)
+        # Read by name: a request type without these controls (another endpoint's) has none.
+        bias = getattr(request, "logit_bias", None)
+        if bias:
+            options["logit_bias"] = {int(token): value for token, value in bias.items()}
+        options.update({k: v for k in ("presence_penalty", "frequency_penalty") if (v := getattr(request, k, 0))})
+        generator = generator or self.generator(request.response_format, request.n,
+                                                getattr(request, "constraint", None))
         return Call(generator, prompts, counts, request.n, request.stops, options)
 
     def encode(self, prompt: str, special: bool = True) -> list[int]:

@@ -13,10 +13,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
-    "FieldError", "StructuredOutputs", "Constraint", "ChatRequest", "TokenizeRequest", "DetokenizeRequest", "TokenizeResponse", "DetokenizeResponse", "CompletionRequest", "Message", "ResponseFormat", "JsonSchemaFormat", "StreamOptions",
-    "TokenLogprob", "TopLogprob", "ChoiceLogprobs", "CompletionLogprobs", "Usage", "PromptTokensDetails",
-    "ChatMessage", "ChatChoice", "ChatCompletion", "ChatDelta", "ChatChunkChoice", "ChatCompletionChunk",
-    "CompletionChoice", "Completion", "ModelCard", "ModelList", "ErrorBody", "ErrorResponse",
+    "FieldError", "StructuredOutputs", "Constraint", "ChatRequest", "TokenizeRequest", "DetokenizeRequest",
+    "TokenizeResponse", "DetokenizeResponse", "CompletionRequest", "Message", "ResponseFormat",
+    "JsonSchemaFormat", "StreamOptions", "TokenLogprob", "TopLogprob", "ChoiceLogprobs", "CompletionLogprobs",
+    "Usage", "PromptTokensDetails", "ChatMessage", "ChatChoice", "ChatCompletion", "ChatDelta",
+    "ChatChunkChoice", "ChatCompletionChunk", "CompletionChoice", "Completion", "ModelCard", "ModelList",
+    "ErrorBody", "ErrorResponse",
 ]
 
 
