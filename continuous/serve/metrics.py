@@ -53,8 +53,8 @@ class Metrics:
                                 registry=registry)
         self.finished = Counter("continuous_requests_finished", "Requests answered (or whose client left)",
                                 registry=registry)
-        self.prefilled = Counter("continuous_prompt_tokens_prefilled", "Prompt tokens forwarded",
-                                 registry=registry)
+        self.prefilled = Counter("continuous_prompt_tokens_prefilled",
+                                 "Prompt tokens forwarded (of requests that got a first token)", registry=registry)
         self.cached = Counter("continuous_prompt_tokens_cached", "Prompt tokens the prefix cache supplied",
                               registry=registry)
         self.generated = Counter("continuous_generation_tokens", "Tokens generated", registry=registry)
@@ -81,17 +81,18 @@ class Metrics:
             return
         end, call, stream = time.monotonic(), tracked.call, tracked.stream
         self.finished.inc()
+        first = stream.first_piece_at
+        if first is None:  # ended before its first token: reading its state could start the call now
+            return
         state = stream.state
         prompts = [call.prompt_tokens[r // call.n] for r in range(len(call.prompts) * call.n)]
         generated = [max(total - prompt, 0) for total, prompt in zip(state.attention_mask.sum(1).tolist(), prompts)]
         self.cached.inc(state.tokens_cached)
         self.prefilled.inc(max(sum(call.prompt_tokens) - state.tokens_cached, 0))
         self.generated.inc(sum(generated))
-        first = stream.first_piece_at
-        if first is not None:
-            self.ttft.observe(first - tracked.admitted)
-            if max(generated, default=0) > 1:
-                self.tpot.observe((end - first) / (max(generated) - 1))
+        self.ttft.observe(first - tracked.admitted)
+        if max(generated, default=0) > 1:
+            self.tpot.observe((end - first) / (max(generated) - 1))
 
     def render(self) -> bytes:
         """Every metric, in Prometheus' text format."""

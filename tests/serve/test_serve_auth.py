@@ -43,6 +43,7 @@ def test_a_missing_or_malformed_header_gets_401_and_health_stays_open(app, heade
             assert refused.json()["error"]["code"] == "invalid_api_key"
         assert http.get("/health", headers=headers).json()["status"] == "ok"
         assert http.get("/v1/models", headers={"Authorization": f"bearer {KEY}"}).status_code == 200
+        assert http.get("/metrics", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
 
 
 def test_an_app_without_a_key_asks_for_none(chat_model):

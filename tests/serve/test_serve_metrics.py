@@ -132,3 +132,20 @@ def test_stats_a_backend_adds_are_exported_and_apps_keep_their_own_counts(chat_m
         assert not any("label" in name or "_lock" in name for name in metrics)
         assert metrics["continuous_requests_finished_total"] == 1
         assert scrape(http_two)["continuous_requests_finished_total"] == 0
+
+
+def test_a_request_ended_before_its_first_token_counts_as_finished_and_starts_nothing(chat_model):
+    app = build_app(chat_model, name=NAME)
+    served = app.state.served
+    body = CompletionRequest(model=NAME, prompt=PROMPT, max_tokens=4)
+    call = served.call([PROMPT], body, 4, None, param="prompt")
+    served.admit()
+    stream = call.astream()
+    before = chat_model.stats.forward_calls
+    served.metrics.done(served.metrics.track(call, stream))  # a client gone before the stream began
+    served.release()
+    samples = {s.name: s.value for f in text_string_to_metric_families(served.metrics.render().decode())
+               for s in f.samples}
+    assert chat_model.stats.forward_calls == before  # the call was not started to be counted
+    assert samples["continuous_requests_finished_total"] == 1 and samples["continuous_generation_tokens_total"] == 0
+    assert samples["continuous_time_to_first_token_seconds_count"] == 0
