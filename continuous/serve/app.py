@@ -121,7 +121,8 @@ def _errors(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http(request, exc: HTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(exc.status_code, str(exc.detail), kind=kind)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+        return _error(exc.status_code, str(exc.detail), code=code, kind=kind)
 
     @app.exception_handler(Exception)
     async def failed(request, exc: Exception):

@@ -85,3 +85,11 @@ def test_a_body_that_is_not_an_object_is_refused_as_a_whole(http, body):
     answer = http.post(PATHS["text"], content=body, headers={"Content-Type": "application/json"})
     assert answer.status_code == 400
     assert answer.json()["error"]["code"] in ("invalid_body", "invalid_json")
+
+
+@pytest.mark.parametrize("method, path, status, code", [("get", "/v1/nowhere", 404, "not_found"),
+                                                        ("get", "/v1/completions", 405, "method_not_allowed"),
+                                                        ("post", "/v1/completions", 404, "model_not_found")])
+def test_other_refusals_have_a_code_too(http, method, path, status, code):
+    answer = getattr(http, method)(path, **({"json": {"model": "other", "prompt": "a"}} if method == "post" else {}))
+    assert answer.status_code == status and answer.json()["error"]["code"] == code, answer.text
