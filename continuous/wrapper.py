@@ -7,6 +7,7 @@ import functools
 import inspect
 import json
 import threading
+import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -86,7 +87,9 @@ def _signature(self, prompt, max_tokens: int | None = None, stop_at: str | Seque
                seed: int | None = None, rng: torch.Generator | None = None, heal: bool = False, *,
                sampler: Sampler | None = None, temperature: float | None = None, top_p: float | None = None,
                top_k: int | None = None, min_p: float | None = None, repetition_penalty: float | None = None,
-               logits_processors: Sequence[Any] | None = None, logprobs: int | None = None, speculate: Any = None):
+               logits_processors: Sequence[Any] | None = None, logprobs: int | None = None, speculate: Any = None,
+               logit_bias: dict[int, float] | None = None, presence_penalty: float | None = None,
+               frequency_penalty: float | None = None):
     """The arguments of a call (``__call__``, ``stream``, ``acall`` and ``astream``)."""
 
 
@@ -125,6 +128,13 @@ _ARGUMENTS = """
         logprobs
             Keep each generated token's log-probability and its ``logprobs`` likeliest
             alternatives with theirs, in :attr:`SequenceState.logprobs`.
+        logit_bias
+            Token id -> a number added to that token's score at every step, in every row
+            (as OpenAI's ``logit_bias``; -100 all but forbids a token, 100 all but forces it).
+        presence_penalty, frequency_penalty
+            As OpenAI defines them: a token the row generated ``c`` times in this call
+            loses ``frequency_penalty * c + presence_penalty * (c > 0)`` from its score
+            (positive values discourage repeats, negative ones encourage them).
         speculate
             Speculative decoding: ``continuous.PromptLookup(k=8, ngram=3)`` drafts by copying
             from the row's own text (prompt and output), and a ``models.transformers`` model
@@ -132,8 +142,8 @@ _ARGUMENTS = """
             drafts as an assistant. Each step forwards the drafted tokens with its own and
             keeps those the model would have chosen: greedy outputs are the same as without
             it, sampled ones have the same distribution. Not with beam search,
-            ``logits_processors`` or ``repetition_penalty``. ``model.stats.tokens_drafted``
-            and ``tokens_accepted`` count the drafts.
+            ``logits_processors``, ``repetition_penalty``, ``logit_bias`` or the penalties.
+            ``model.stats.tokens_drafted`` and ``tokens_accepted`` count the drafts.
 
         Raises
         ------
@@ -311,6 +321,8 @@ class Stream:
 
     Iterating it ends with ``StopIteration`` whose ``value`` is the final state, as a
     generator's return value. With ``last_value``, the final state's ``value`` is the last item.
+    ``first_piece_at`` is the ``time.monotonic()`` of the first piece (the first token), once
+    it came: the time to first token of a call that runs whole too.
     """
 
     def __init__(self, start: Callable[[], Decoding], state: Callable[[Generation], SequenceState],
@@ -321,6 +333,7 @@ class Stream:
         self._steps = None
         self._snapshot: SequenceState | None = None
         self._final: SequenceState | None = None
+        self.first_piece_at: float | None = None
 
     def __iter__(self) -> "Stream":
         return self
@@ -345,6 +358,8 @@ class Stream:
                 return False, self._final.value
             return True, self._final
         self._snapshot = None
+        if self.first_piece_at is None:
+            self.first_piece_at = time.monotonic()
         return False, self._shape(pieces)
 
     def run(self) -> SequenceState:
@@ -449,3 +464,8 @@ class AsyncStream:
     @property
     def state(self) -> SequenceState:
         return self._stream.state
+
+    @property
+    def first_piece_at(self) -> float | None:
+        """The ``time.monotonic()`` of the first piece, once it came (see :class:`Stream`)."""
+        return self._stream.first_piece_at

@@ -157,3 +157,24 @@ def test_a_healed_stream_closed_before_its_first_piece_has_an_empty_value(gen):
     stream.close()
     assert stream.state.value == "" == gen("Visit https://www.exa", heal=True, max_tokens=0).value
     assert str(stream.state) == "Visit https://www.exa"
+
+
+def test_a_stream_keeps_when_its_first_piece_came(gen):
+    import time
+
+    stream = gen.stream("Once upon a time", max_tokens=5)
+    assert stream.first_piece_at is None
+    started = time.monotonic()
+    next(stream)
+    first = stream.first_piece_at
+    assert first is not None and started <= first <= time.monotonic()
+    list(stream)
+    assert stream.first_piece_at == first
+
+    async def whole():
+        running = gen.astream("Once upon a time", max_tokens=3)
+        assert running.first_piece_at is None
+        await running.run()  # a call run whole keeps it too
+        return running.first_piece_at
+
+    assert asyncio.run(whole()) is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,6 +10,7 @@ import torch
 
 from ..errors import SampleMismatch
 from ..samplers import Greedy, Multinomial, Sampler, check_seed
+from .processors import Biased, Penalized
 from .speculate import as_drafter, check_speculation
 
 __all__ = ["Options", "check_rewinds"]
@@ -57,6 +59,10 @@ class Options:
     processors
         transformers ``LogitsProcessor`` objects (``(input_ids, scores) -> scores``), run on
         the model's scores before the constraint.
+    penalties
+        The call's :class:`~continuous.decode.processors.Biased` and
+        :class:`~continuous.decode.processors.Penalized` (``logit_bias``, ``presence_penalty``,
+        ``frequency_penalty``), run after ``processors``.
     logprobs
         Record each generated token's log-probability and this many likeliest alternatives
         (``None``: record nothing).
@@ -75,6 +81,7 @@ class Options:
     heal: bool = False
     fork: int = 1
     processors: tuple = ()
+    penalties: tuple = ()
     logprobs: int | None = None
     speculate: Any = None
 
@@ -82,7 +89,7 @@ class Options:
     def from_call(cls, generator, samples_in: int = 1, fast_forward: bool = True, *, max_tokens=None, stop_at=None,
                   seed=None, rng=None, heal=False, sampler=None, temperature=None, top_p=None, top_k=None,
                   min_p=None, repetition_penalty=None, logits_processors=None, logprobs=None,
-                  speculate=None) -> "Options":
+                  speculate=None, logit_bias=None, presence_penalty=None, frequency_penalty=None) -> "Options":
         """Check a call's arguments (the generator's ``__call__`` documents them) and build its options.
 
         Parameters
@@ -107,11 +114,12 @@ class Options:
         if generator.scorer is not None and heal:
             raise ValueError("choice scores are of the options after the prompt as it is: call without heal=")
         processors = _processors(repetition_penalty, logits_processors)
+        penalties = _penalties(logit_bias, presence_penalty, frequency_penalty, len(generator.model.tokenizer))
         drafter = as_drafter(speculate, generator.model)
-        check_speculation(drafter, chosen, processors)
+        check_speculation(drafter, chosen, processors + penalties)
         return cls(chosen, _check_count(max_tokens, "max_tokens"), _check_stop_at(stop_at), _check_rng(seed, rng),
                    fast_forward, generator.ban, bool(heal), chosen.samples if samples_in == 1 else 1,
-                   processors, _check_count(logprobs, "logprobs"), drafter)
+                   processors, penalties, _check_count(logprobs, "logprobs"), drafter)
 
 
 def _sampler(generator, sampler, shorthand: dict) -> Sampler:
@@ -156,6 +164,27 @@ def _check_rng(seed, rng):
     if rng is not None and not isinstance(rng, torch.Generator):
         raise TypeError(f"rng must be a torch.Generator, got {type(rng).__name__}")
     return rng
+
+
+def _penalties(logit_bias, presence_penalty, frequency_penalty, vocab: int) -> tuple:
+    """The bias and penalty processors of a call (none for absent or zero values)."""
+    out = []
+    if logit_bias:
+        if not isinstance(logit_bias, dict):
+            raise TypeError(f"logit_bias must be a dict of token id -> bias, got {type(logit_bias).__name__}")
+        for token, bias in logit_bias.items():
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+                raise ValueError(f"logit_bias: {token!r} is not a token id of this tokenizer (0 to {vocab - 1})")
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(bias):
+                raise ValueError(f"logit_bias: the bias of token {token} must be a number, got {bias!r}")
+        out.append(Biased(logit_bias))
+    for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if presence_penalty or frequency_penalty:
+        out.append(Penalized(presence_penalty or 0.0, frequency_penalty or 0.0))
+    return tuple(out)
 
 
 def _processors(repetition_penalty, logits_processors) -> tuple:

@@ -18,8 +18,8 @@ import torch
 from .constraints import RowConstraints
 from .rows import RowView
 
-__all__ = ["Scores", "Processor", "External", "Constrained", "Forced", "Banned", "Finished", "ForkRanking", "run",
-           "pipeline"]
+__all__ = ["Scores", "Processor", "External", "Biased", "Penalized", "Constrained", "Forced", "Banned", "Finished",
+           "ForkRanking", "run", "pipeline"]
 
 
 @dataclass
@@ -70,6 +70,55 @@ class External:
         for processor in self.processors:
             logits = processor(input_ids, logits)
         scores.logits = logits
+
+
+class Biased:
+    """Add a fixed bias to some tokens' scores in every row (OpenAI's ``logit_bias``).
+
+    Parameters
+    ----------
+    bias
+        Token id -> what is added to its score.
+    """
+
+    def __init__(self, bias: dict[int, float]):
+        self.bias = dict(bias)
+        self._shift: torch.Tensor | None = None  # [vocab], built on the logits' device once
+
+    def __call__(self, scores: Scores) -> None:
+        logits = scores.logits
+        shift = self._shift
+        if shift is None or shift.device != logits.device or shift.shape[0] != logits.shape[-1]:
+            shift = torch.zeros(logits.shape[-1], device=logits.device)
+            ids = torch.tensor(list(self.bias), device=logits.device)
+            shift[ids] = torch.tensor(list(self.bias.values()), device=logits.device)
+            self._shift = shift
+        scores.logits = logits + shift.to(logits.dtype)
+
+
+class Penalized:
+    """OpenAI's presence and frequency penalties: a token a row generated ``c`` times in this
+    call loses ``frequency * c + presence * (c > 0)`` from its score in that row.
+
+    The counts are made for every row at once, from the rows' generated tokens.
+    """
+
+    def __init__(self, presence: float, frequency: float):
+        self.presence, self.frequency = float(presence), float(frequency)
+
+    def __call__(self, scores: Scores) -> None:
+        lengths = [len(row.tokens) for row in scores.rows]
+        if not any(lengths):
+            return
+        logits = scores.logits
+        device = logits.device
+        ids = torch.tensor([t for row in scores.rows for t in row.tokens], device=device)
+        which = torch.repeat_interleave(torch.arange(len(lengths), device=device),
+                                        torch.tensor(lengths, device=device))
+        counts = torch.zeros(logits.shape, device=device).index_put_((which, ids), torch.ones(len(ids), device=device),
+                                                                     accumulate=True)
+        penalty = self.frequency * counts + self.presence * (counts > 0)
+        scores.logits = logits - penalty.to(logits.dtype)
 
 
 class Constrained:
@@ -161,10 +210,11 @@ class ForkRanking:
 
 
 def pipeline(options, constraints: RowConstraints, pad: int, eos: int | None, ends: set[int]) -> list[Processor]:
-    """A call's processors, in order: the user's, the constraint, forced tokens, bans,
-    finished rows (which "emit" ``eos``, or another end id, at no cost), beam ranking."""
+    """A call's processors, in order: the user's, the bias and penalties, the constraint,
+    forced tokens, bans, finished rows (which "emit" ``eos``, or another end id, at no
+    cost), beam ranking."""
     sentinel = eos if eos is not None else min(ends, default=0)
-    processors = [Constrained(constraints), Forced(), Banned(), Finished(sentinel)]
+    processors = [*options.penalties, Constrained(constraints), Forced(), Banned(), Finished(sentinel)]
     if options.processors:
         processors.insert(0, External(options.processors, pad))
     if options.sampler.joint and options.fork > 1:

@@ -308,8 +308,8 @@ def check_speculation(drafter, sampler, processors) -> None:
         raise ValueError("speculate= does not work with beam search: beams re-rank every row at every step, so a "
                          "row cannot keep a draft alone; use greedy or multinomial sampling")
     if processors:
-        raise ValueError("speculate= does not work with logits_processors or repetition_penalty: they would have "
-                         "to run on each drafted token's prefix")
+        raise ValueError("speculate= does not work with logits_processors, repetition_penalty, logit_bias or "
+                         "presence or frequency penalties: they would have to run on each drafted token's prefix")
 
 
 def greedy_accepted(scores: torch.Tensor, proposed: torch.Tensor) -> torch.Tensor:

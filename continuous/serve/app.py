@@ -23,7 +23,10 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from ..think import thinking
+from .auth import BearerAuth
 from .calls import Call, Delta, RequestError, Served
+from .metrics import add_metrics_route
+from .tokens import add_token_routes
 from .wire import (
     ChatChoice,
     ChatChunkChoice,
@@ -39,6 +42,7 @@ from .wire import (
     CompletionRequest,
     ErrorBody,
     ErrorResponse,
+    FieldError,
     ModelCard,
     ModelList,
     PromptTokensDetails,
@@ -52,7 +56,8 @@ __all__ = ["build_app"]
 log = logging.getLogger("continuous.serve")
 
 
-def build_app(model, *, name: str, max_queue: int = 64, think: bool | int | None = None) -> FastAPI:
+def build_app(model, *, name: str, max_queue: int = 64, think: bool | int | None = None,
+              api_key: str | None = None) -> FastAPI:
     """The OpenAI-compatible application serving ``model``.
 
     Parameters
@@ -67,6 +72,9 @@ def build_app(model, *, name: str, max_queue: int = 64, think: bool | int | None
         Every answer thinks first, within the markers of the model's chat template or
         tokenizer (``True``, or an int: a budget of tokens), as ``think=`` says; chat answers
         give the thinking in ``reasoning_content``.
+    api_key
+        Every request but ``/health`` must carry ``Authorization: Bearer API_KEY``; others
+        are answered 401 (``None``: no key is asked).
 
     Raises
     ------
@@ -82,6 +90,10 @@ def build_app(model, *, name: str, max_queue: int = 64, think: bool | int | None
     app.state.served = served
     _errors(app)
     _routes(app, served)
+    add_token_routes(app, served)
+    add_metrics_route(app, served)
+    if api_key is not None:
+        app.add_middleware(BearerAuth, key=api_key)
     return app
 
 
@@ -102,19 +114,36 @@ def _errors(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             return _error(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}",
                           code="invalid_json")
-        param = _place(first)
+        param, code = _param_code(first)
         problems = "; ".join(f"{_place(e) or 'body'}: {e['msg']}" for e in exc.errors())
-        return _error(400, problems, param, code="invalid_value" if param else "invalid_body")
+        return _error(400, problems, param, code)
 
     @app.exception_handler(HTTPException)
     async def http(request, exc: HTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(exc.status_code, str(exc.detail), kind=kind)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+        return _error(exc.status_code, str(exc.detail), code=code, kind=kind)
 
     @app.exception_handler(Exception)
     async def failed(request, exc: Exception):
         log.exception("request failed")
         return _error(500, f"the server failed: {type(exc).__name__}: {exc}", kind="server_error")
+
+
+#: pydantic's error types in OpenAI's codes (any other is ``invalid_value``).
+CODES = {"missing": "missing_required_parameter", "extra_forbidden": "unknown_parameter"}
+
+
+def _param_code(error: dict) -> tuple[str | None, str]:
+    """OpenAI's ``param`` and ``code`` of a validation error: where it is, and what kind it is."""
+    refusal = error.get("ctx", {}).get("error")
+    if isinstance(refusal, FieldError):  # a check across fields names its own
+        return refusal.param, refusal.code
+    param = _place(error)
+    if param is None:
+        return None, "invalid_body"  # the body as a whole: not an object
+    kind = error.get("type", "")
+    return param, CODES.get(kind, "invalid_type" if kind.endswith("_type") else "invalid_value")
 
 
 def _place(error: dict) -> str | None:
@@ -135,7 +164,7 @@ def _routes(app: FastAPI, served: Served) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
-        _check_model(served, body.model)
+        served.check_model(body.model)
         generator = None
         if body.tools:  # calls come back in message.tool_calls, finish_reason "tool_calls"
             if body.response_format is not None and body.response_format.type != "text":
@@ -150,16 +179,10 @@ def _routes(app: FastAPI, served: Served) -> None:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        _check_model(served, body.model)
+        served.check_model(body.model)
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         call = served.call(prompts, body, body.limit, body.logprobs, param="prompt")
         return await _answer(served, request, call, body.stream, _TextShape(served, body))
-
-
-def _check_model(served: Served, name: str) -> None:
-    if name != served.name:
-        raise RequestError(f"the model {name!r} is not served here; this server serves {served.name!r}",
-                           status=404, param="model", code="model_not_found", kind="not_found_error")
 
 
 async def _answer(served: Served, request: Request, call: Call, stream: bool, shape: "_Shape"):
@@ -169,16 +192,30 @@ async def _answer(served: Served, request: Request, call: Call, stream: bool, sh
         started = call.astream()  # the call's arguments are checked here, before any answer
     except (ValueError, TypeError) as exc:
         served.release()
-        raise RequestError(str(exc)) from exc
+        raise RequestError(str(exc), param=_named(str(exc), shape.body)) from exc
+    tracked = served.metrics.track(call, started)
+
+    def done() -> None:
+        try:
+            served.metrics.done(tracked)
+        finally:
+            served.release()
+
     if stream:
-        return _Events(shape.events(call, started), served.release)
+        return _Events(shape.events(call, started), done)
     try:
         state = await _unless_gone(request, started.run())
     finally:
-        served.release()
+        done()
     if state is None:  # the client left: nobody reads an answer
         return JSONResponse({}, status_code=499)
     return JSONResponse(shape.whole(call, state).model_dump(exclude_none=True))
+
+
+def _named(message: str, body: BaseModel) -> str | None:
+    """The request's field that a library's refusal names first (its messages begin with the
+    argument's name: ``logit_bias: 5000 is not a token id...``)."""
+    return next((f for f in sorted(body.model_fields_set, key=len, reverse=True) if message.startswith(f)), None)
 
 
 async def _unless_gone(request: Request, work) -> Any:
@@ -264,7 +301,9 @@ class _ChatShape(_Shape):
         choices = [ChatChoice(index=i, message=ChatMessage(content=row.text if row.text or not row.tool_calls
                                                            else None, tool_calls=row.tool_calls,
                                                            reasoning_content=row.reasoning),
-                              finish_reason=row.finish_reason, logprobs=_chat_logprobs(row.logprobs, self.body.logprobs))
+                              finish_reason=row.finish_reason,
+                              logprobs=_chat_logprobs(row.logprobs, self.body.logprobs),
+                              choice_scores=row.choice_scores)
                    for i, row in enumerate(rows)]
         return ChatCompletion(id=self.id, created=self.created, model=self.served.name, choices=choices,
                               usage=self.usage(call, state, rows))
@@ -276,7 +315,8 @@ class _ChatShape(_Shape):
 
     def chunk(self, step: list[Delta]) -> ChatCompletionChunk:
         return self._chunk([ChatChunkChoice(index=i, delta=_chat_delta(d), finish_reason=d.finish_reason,
-                                            logprobs=_chat_logprobs(d.logprobs, self.body.logprobs))
+                                            logprobs=_chat_logprobs(d.logprobs, self.body.logprobs),
+                                            choice_scores=d.choice_scores)
                             for i, d in enumerate(step) if _says(d)])
 
     def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
@@ -291,7 +331,7 @@ class _TextShape(_Shape):
     def whole(self, call: Call, state) -> Completion:
         rows = call.rows(state)
         choices = [CompletionChoice(index=i, text=row.text, finish_reason=row.finish_reason,
-                                    logprobs=_text_logprobs(row.logprobs))
+                                    logprobs=_text_logprobs(row.logprobs), choice_scores=row.choice_scores)
                    for i, row in enumerate(rows)]
         return Completion(id=self.id, created=self.created, model=self.served.name, choices=choices,
                           usage=self.usage(call, state, rows))
@@ -300,7 +340,7 @@ class _TextShape(_Shape):
         wanted = self.body.logprobs is not None
         return Completion(id=self.id, created=self.created, model=self.served.name, choices=[
             CompletionChoice(index=i, text=d.text, finish_reason=d.finish_reason,
-                             logprobs=_text_logprobs(d.logprobs) if wanted else None)
+                             logprobs=_text_logprobs(d.logprobs) if wanted else None, choice_scores=d.choice_scores)
             for i, d in enumerate(step) if _says(d)])
 
     def usage_chunk(self, usage: Usage) -> Completion:

@@ -19,7 +19,8 @@ from typing import Any, AsyncIterator
 from .. import chat, generate, samplers
 from ..layout import encode
 from ..wrapper import ContinuousGenerator, continuous
-from .wire import ResponseFormat
+from .metrics import Metrics
+from .wire import Constraint, ResponseFormat
 
 __all__ = ["RequestError", "Served", "Call", "Row", "Delta", "FINISH"]
 
@@ -33,9 +34,10 @@ GENERATORS_KEPT = 64
 
 
 class RequestError(Exception):
-    """A request the server refuses: an OpenAI-shaped error with an HTTP status."""
+    """A request the server refuses: an OpenAI-shaped error with an HTTP status, the field it is
+    about (``param``) and what kind of refusal it is (``code``)."""
 
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None,
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str = "invalid_value",
                  kind: str = "invalid_request_error"):
         super().__init__(message)
         self.message, self.status, self.param, self.code, self.kind = message, status, param, code, kind
@@ -52,6 +54,7 @@ class Row:
     logprobs: list[tuple] | None
     tool_calls: list[dict] | None = None
     reasoning: str | None = None
+    choice_scores: dict[str, float] | None = None  # each option's log-probability, for a choice
 
 
 @dataclass
@@ -63,6 +66,7 @@ class Delta:
     finish_reason: str | None = None
     reasoning: str = ""
     tool_calls: list[dict] | None = None
+    choice_scores: dict[str, float] | None = None  # on a choice's last delta
 
 
 @dataclass
@@ -94,7 +98,7 @@ class Call:
         its calls and its thinking, apart."""
         counts = state.attention_mask.sum(1).tolist()
         reasons = state.finish_reasons
-        logprobs = state.logprobs
+        logprobs, scores = state.logprobs, state.choice_scores
         replies = _replies(state, len(reasons)) if self.tools else [None] * len(reasons)
         out = []
         for r, full in enumerate(state):
@@ -107,6 +111,7 @@ class Call:
             if self.think is not None:  # the library wrote the opening marker after the prompt
                 row.reasoning, row.text = self.generator.generator.parse.parts(text.removeprefix(self.think.open))
             _calls(row, replies[r])
+            row.choice_scores = scores[r] if scores is not None else None
             out.append(row)
         return out
 
@@ -135,7 +140,7 @@ class Call:
             await stream.aclose()
         final = self.rows(stream.state)
         yield [Delta(row.text[sent[r]:], (row.logprobs or [])[logged[r]:], row.finish_reason,
-                     tool_calls=row.tool_calls) for r, row in enumerate(final)]
+                     tool_calls=row.tool_calls, choice_scores=row.choice_scores) for r, row in enumerate(final)]
 
 
 def _flat(pieces, rows: int) -> list[str]:
@@ -206,11 +211,19 @@ class Served:
         self.think = think  # every generator's think=: its answers think first
         self.created = int(time.time())
         self.in_flight = 0
+        self.metrics = Metrics(self)
         self._generators: OrderedDict[tuple, ContinuousGenerator] = OrderedDict()
+
+    def check_model(self, name: str | None) -> None:
+        """Refuse (404) a request naming another model (``None``: llama.cpp's clients name none)."""
+        if name is not None and name != self.name:
+            raise RequestError(f"the model {name!r} is not served here; this server serves {self.name!r}",
+                               status=404, param="model", code="model_not_found", kind="not_found_error")
 
     def admit(self) -> None:
         """Count one more request in flight, or refuse it when the queue is full."""
         if self.in_flight >= self.max_queue:
+            self.metrics.rejected.inc()
             raise RequestError(f"the server is busy: {self.in_flight} requests are running or waiting "
                                f"(at most {self.max_queue}); retry later", status=429,
                                code="rate_limit_exceeded", kind="rate_limit_error")
@@ -248,12 +261,22 @@ class Served:
             sampling = {"temperature": 0}  # greedy, whatever top_p says
         options = dict(max_tokens=limit, stop_at=request.stops or None, seed=request.seed, logprobs=logprobs,
                        **{k: v for k, v in sampling.items() if v is not None})
-        generator = generator or self.generator(request.response_format, request.n)
+        # Read by name: a request type without these controls (another endpoint's) has none.
+        bias = getattr(request, "logit_bias", None)
+        if bias:
+            options["logit_bias"] = {int(token): value for token, value in bias.items()}
+        options.update({k: v for k in ("presence_penalty", "frequency_penalty") if (v := getattr(request, k, 0))})
+        generator = generator or self.generator(request.response_format, request.n,
+                                                getattr(request, "constraint", None))
         return Call(generator, prompts, counts, request.n, request.stops, options)
+
+    def encode(self, prompt: str, special: bool = True) -> list[int]:
+        """The prompt's token ids, as a call encodes it (``special``: with the tokenizer's BOS)."""
+        return encode(self.model.tokenizer, prompt, special=special)[0]
 
     def _count(self, prompt: str, limit: int | None, param: str) -> int:
         """The prompt's tokens (as the call will encode it), refused when the context cannot hold the call."""
-        count = len(encode(self.model.tokenizer, prompt, special=True)[0])
+        count = len(self.encode(prompt))
         context = self.model.max_length
         if count >= context or (limit is not None and count + limit > context):
             wanted = f"{count} in the prompt" + (f" and {limit} to generate" if limit is not None else "")
@@ -262,17 +285,34 @@ class Served:
                                code="context_length_exceeded")
         return count
 
-    def generator(self, response_format: ResponseFormat | None, n: int) -> ContinuousGenerator:
-        """The generator for a response format with ``n`` samples per prompt, built once and kept."""
+    def generator(self, response_format: ResponseFormat | None, n: int, constraint: Constraint | None = None
+                  ) -> ContinuousGenerator:
+        """The generator for a response format, or a constraint, with ``n`` samples per prompt,
+        built once and kept."""
+        if constraint is not None:
+            return self._constrained(constraint, n)
         kind = response_format.type if response_format is not None else "text"
         schema = {"type": "object"} if kind == "json_object" else None
         if kind == "json_schema":
             schema = response_format.json_schema.schema_
         if schema is None:
             return self._kept(("text", n), lambda sampler: generate.text(self.model, sampler, think=self.think))
-        return self._kept((kind, json.dumps(schema, sort_keys=True), n),
-                          lambda sampler: generate.json(self.model, schema, sampler, think=self.think),
-                          "the JSON schema cannot be used", "response_format", "invalid_json_schema")
+        return self._constrained(Constraint(kind="json", spec=schema, param="response_format"), n)
+
+    def _constrained(self, constraint: Constraint, n: int) -> ContinuousGenerator:
+        """The generator of a regex, a choice (with each option's score, unless answers think
+        first), a Lark grammar or a JSON schema."""
+        model, think, spec = self.model, self.think, constraint.spec
+        build = {
+            "regex": lambda sampler: generate.regex(model, spec, sampler, think=think),
+            "choice": lambda sampler: generate.choice(model, spec, sampler, scores=think is None, think=think),
+            "grammar": lambda sampler: generate.cfg(model, spec, sampler, think=think),
+            "json": lambda sampler: generate.json(model, spec, sampler, think=think),
+        }[constraint.kind]
+        what, code = {"json": ("JSON schema", "invalid_json_schema")}.get(
+            constraint.kind, (constraint.kind, f"invalid_{constraint.kind}"))
+        return self._kept((constraint.kind, json.dumps(spec, sort_keys=True), n), build,
+                          f"the {what} cannot be used", constraint.param, code)
 
     def tools_generator(self, tools: list[dict], tool_choice, n: int) -> ContinuousGenerator:
         """The generator of replies that may call ``tools`` (OpenAI's dicts), built once and kept."""

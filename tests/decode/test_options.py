@@ -67,6 +67,9 @@ def test_speculate_is_an_option_checked_when_the_call_is_made(model):
             form("a", sampler=samplers.beam_search(2), speculate=lookup)
         with pytest.raises(ValueError, match="logits_processors"):
             form("a", logits_processors=[lambda ids, scores: scores], speculate=lookup)
+        for penalty in ({"logit_bias": {3: 1.0}}, {"presence_penalty": 0.5}, {"frequency_penalty": -0.5}):
+            with pytest.raises(ValueError, match="penalties"):
+                form("a", speculate=lookup, **penalty)
         with pytest.raises(TypeError, match="speculate= takes"):
             form("a", speculate="ngram")
     assert "speculate" in inspect.signature(ContinuousGenerator.astream).parameters

@@ -2,14 +2,19 @@
 
 import math
 
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from continuous.decode.constraints import RowConstraints
 from continuous.decode.processors import (
     Banned,
+    Biased,
     Constrained,
     Finished,
     ForkRanking,
+    Penalized,
     Scores,
     run,
 )
@@ -91,3 +96,87 @@ def test_processors_run_in_order(tokenizer):
     given = _scores(tokenizer)
     scores = run([lambda s: calls.append(1), lambda s: calls.append(2)], given.logits, given.rank, 0, given.rows)
     assert calls == [1, 2] and isinstance(scores, Scores)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 7), max_size=12), min_size=1, max_size=4),
+       st.floats(-2, 2), st.floats(-2, 2), st.sampled_from([torch.float32, torch.bfloat16]))
+def test_penalties_subtract_presence_and_frequency_of_each_row_s_own_tokens(tokens, presence, frequency, dtype):
+    logits = torch.randn(len(tokens), 8, generator=torch.Generator().manual_seed(len(tokens))).to(dtype)
+    logits[0, 3] = -math.inf  # forbidden stays forbidden
+    rows = [RowView(False, None, {}, (5, 5, 5), row) for row in tokens]  # the context is not counted
+    scores = Scores(logits, torch.zeros(len(tokens)), 0, rows)
+    Penalized(presence, frequency)(scores)
+    expected = logits.float().clone()
+    for r, row in enumerate(tokens):
+        for t in set(row):
+            expected[r, t] -= frequency * row.count(t) + presence
+    assert scores.logits.dtype == dtype
+    torch.testing.assert_close(scores.logits.float(), expected.to(dtype).float(), rtol=0.02, atol=0.05)
+    assert scores.logits[0, 3] == -math.inf
+
+
+def test_a_bias_is_added_to_its_tokens_in_every_row():
+    scores = Scores(torch.zeros(3, 6), torch.zeros(3), 0, [RowView(False, None, {}, (), [])] * 3)
+    Biased({1: 2.5, 4: -100.0})(scores)
+    assert torch.equal(scores.logits, torch.tensor([[0.0, 2.5, 0.0, 0.0, -100.0, 0.0]] * 3))
+
+
+class _Reference:
+    """OpenAI's penalties and bias written plainly, as a transformers processor of one row
+    whose prompt is ``start`` tokens long: the reference for the library's."""
+
+    def __init__(self, start, presence, frequency, bias):
+        self.start, self.presence, self.frequency, self.bias = start, presence, frequency, bias
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        generated = input_ids[0, self.start:].tolist()
+        for t in set(generated):
+            scores[0, t] -= self.frequency * generated.count(t) + self.presence
+        for t, b in self.bias.items():
+            scores[0, t] += b
+        return scores
+
+
+def test_a_call_s_penalties_and_bias_give_what_the_plain_reference_gives(model):
+    from continuous import continuous, generate
+    from continuous.layout import encode
+
+    gen = continuous(generate.text(model))
+    prompt = "User: Tell me about Alice and her cat."
+    start = len(encode(model.tokenizer, prompt, special=True)[0])
+    plain = gen(prompt, max_tokens=24, temperature=0)
+    bias = {int(plain.token_ids[0, start + 1]): -3.0, 7: 1.5}
+    options = dict(presence_penalty=0.8, frequency_penalty=1.5, logit_bias=bias)
+    ours = gen(prompt, max_tokens=24, temperature=0, **options)
+    reference = gen(prompt, max_tokens=24, temperature=0, logits_processors=[_Reference(start, 0.8, 1.5, bias)])
+    assert ours.value == reference.value != plain.value
+    sampled = gen(prompt, max_tokens=24, seed=3, **options)
+    assert sampled.value == gen(prompt, max_tokens=24, seed=3,
+                                logits_processors=[_Reference(start, 0.8, 1.5, bias)]).value
+
+
+def test_a_strong_presence_penalty_never_repeats_and_a_strong_bias_always_wins(model):
+    from continuous import continuous, generate
+
+    gen = continuous(generate.text(model))
+    prompt = "User: Tell me about Alice."
+    state = gen(prompt, max_tokens=30, temperature=0, presence_penalty=1000.0)
+    ids = state.token_ids[0, -30:].tolist()
+    assert len(set(ids)) == len(ids)
+    forced = gen(prompt, max_tokens=5, temperature=0, logit_bias={42: 1000.0})
+    assert forced.token_ids[0, -5:].tolist() == [42] * 5
+
+
+@pytest.mark.parametrize("options, error", [
+    ({"logit_bias": {10**6: 1.0}}, ValueError), ({"logit_bias": {-1: 1.0}}, ValueError),
+    ({"logit_bias": {"5": 1.0}}, ValueError), ({"logit_bias": {5: float("nan")}}, ValueError),
+    ({"logit_bias": [(5, 1.0)]}, TypeError), ({"presence_penalty": float("inf")}, ValueError),
+    ({"frequency_penalty": "1"}, ValueError),
+])
+def test_wrong_penalties_and_biases_are_refused_when_the_call_is_made(model, options, error):
+    from continuous import continuous, generate
+
+    with pytest.raises(error):
+        continuous(generate.text(model))("Hi", max_tokens=2, **options)

@@ -43,3 +43,12 @@ def local(chat_model_dir):
     from continuous import models
 
     return models.transformers(str(chat_model_dir), dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def chat_model(chat_model_dir):
+    """The served model in this process, for apps tested without a subprocess (with a prefix
+    cache, as the server's command line gives it)."""
+    from continuous import models
+
+    return models.transformers(str(chat_model_dir), dtype="float32", prefix_cache="64MB")

@@ -213,7 +213,7 @@ BAD = {
     "n zero": ({"messages": MESSAGES, "n": 0}, 400, "n"),
     "top_logprobs without logprobs": ({"messages": MESSAGES, "top_logprobs": 2}, 400, None),
     "empty stop": ({"messages": MESSAGES, "stop": [""]}, 400, "stop"),
-    "a penalty": ({"messages": MESSAGES, "frequency_penalty": 0.5}, 400, "frequency_penalty"),
+    "a penalty out of range": ({"messages": MESSAGES, "frequency_penalty": 2.5}, 400, "frequency_penalty"),
     "tool_choice without tools": ({"messages": MESSAGES, "tool_choice": "auto"}, 400, "tool_choice"),
     "another model": ({"messages": MESSAGES, "model": "gpt-4o"}, 404, "model"),
 }

@@ -31,3 +31,50 @@ def test_mistakes_get_a_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as exited:
         parse_args(argv)
     assert exited.value.code == 2 and "usage:" in capsys.readouterr().err
+
+
+def test_the_api_key_comes_from_the_command_line_or_a_file(tmp_path, capsys):
+    assert parse_args(["m"]).api_key is None
+    assert parse_args(["m", "--api-key", "sk-1"]).api_key == "sk-1"
+    (tmp_path / "key").write_text("sk-2\n")
+    assert parse_args(["m", "--api-key-file", str(tmp_path / "key")]).api_key == "sk-2"
+    for argv in (["m", "--api-key", ""], ["m", "--api-key-file", str(tmp_path / "nowhere")],
+                 ["m", "--api-key", "a", "--api-key-file", str(tmp_path / "key")]):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert "--api-key" in capsys.readouterr().err
+
+
+def test_the_model_names_its_backend():
+    from continuous.serve.__main__ import backend
+
+    assert backend(parse_args(["folder"])) == "transformers"
+    assert backend(parse_args(["models/tiny.Q8_0.GGUF", "--n-ctx", "512"])) == "llamacpp"
+    args = parse_args(["folder", "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/Qm1", "/ip4/127.0.0.1/tcp/2/p2p/Qm2",
+                       "--max-length", "256", "--max-batch", "4"])
+    assert backend(args) == "remote" and len(args.initial_peers) == 2 and args.max_length == 256
+
+
+def test_compile_takes_a_mode_or_inductor_options_as_json():
+    assert parse_args(["m"]).compile is None
+    assert parse_args(["m", "--compile"]).compile is True
+    assert parse_args(["m", "--compile", "max-autotune"]).compile == "max-autotune"
+    assert parse_args(["m", "--compile", '{"freezing": true, "max_autotune": true}']).compile == \
+        {"freezing": True, "max_autotune": True}
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["m", "--compile", "{freezing}"], "JSON"),
+    (["m", "--compile", '{"a": 1'], "JSON"),
+    (["m.gguf", "--compile"], "--compile is for a transformers model"),
+    (["m.gguf", "--dtype", "float32"], "--dtype is for a transformers model"),
+    (["m.gguf", "--initial-peers", "/ip4/1.2.3.4/tcp/1"], "not a .gguf file"),
+    (["m", "--n-ctx", "512"], "--n-ctx is for a .gguf file"),
+    (["m", "--max-batch", "2"], "--max-batch is for a swarm"),
+    (["m", "--initial-peers", "/ip4/1.2.3.4/tcp/1", "--device", "cpu"], "--device is for a transformers model"),
+    (["m.gguf", "--n-ctx", "0"], "--n-ctx must be at least 1"),
+])
+def test_options_of_another_backend_are_refused(argv, says, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert says in capsys.readouterr().err

@@ -106,3 +106,15 @@ def stop(pid: int) -> None:
         os.waitpid(pid, 0)
     except (ProcessLookupError, ChildProcessError):
         pass
+
+
+def in_process(app, api_key: str = "none", **options):
+    """An ``openai.OpenAI`` client of ``app`` run in this process (no socket, no subprocess).
+
+    Close it after use (``with in_process(app) as client:``): that stops the app's thread.
+    """
+    import openai
+    from fastapi.testclient import TestClient
+
+    options = {"timeout": TIMEOUT, "max_retries": 0, **options}
+    return openai.OpenAI(base_url="http://testserver/v1", api_key=api_key, http_client=TestClient(app), **options)
