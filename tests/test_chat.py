@@ -148,3 +148,24 @@ def test_a_failed_reply_leaves_the_conversation_as_it_was(chat_model):
     with warnings.catch_warnings():
         warnings.simplefilter("error", chat.TemplateRewriteWarning)
         assert conv.reply(gen, max_tokens=2) == conv.messages[-1]["content"]
+
+
+def test_the_demo_model_chats_in_the_form_it_was_trained_on():
+    import torch
+
+    from continuous.assets import DEMO_MODEL
+
+    model = models.transformers(DEMO_MODEL, dtype=torch.float32)
+    gen = continuous(generate.text(model))
+    msgs = [{"role": "user", "content": "Hi, I am Omar, I am 34 and I live in Lima."}]
+    first = chat.prompt(model, msgs)
+    assert first == "User: Hi, I am Omar, I am 34 and I live in Lima.\nAssistant:"
+    # The toy goes on with more turns after its answer: its line ends at the newline.
+    state = gen(first, max_tokens=40, stop_at="\n")
+    state = state[: len(first) + len(state.value)]
+    nxt = state + chat.turn(model, "user", "Where do I live?")
+    msgs += [{"role": "assistant", "content": state.value}, {"role": "user", "content": "Where do I live?"}]
+    assert str(nxt) == chat.prompt(model, msgs) == (
+        f"User: Hi, I am Omar, I am 34 and I live in Lima.\nAssistant:{state.value}\n"
+        "User: Where do I live?\nAssistant:")
+    assert gen(nxt, max_tokens=40, stop_at="\n").value == " You live in Lima."
