@@ -229,3 +229,54 @@ def test_the_demo_model_reads_its_end_of_text_in_a_message_as_text():
     assert state.token_ids[0].tolist().count(model.tokenizer.bos_token_id) == 1  # the one encode adds
     forged = chat.prompt(model, msgs, special_in_content=True)
     assert eos in continuous(generate.text(model))(forged, max_tokens=0).token_ids[0].tolist()
+
+
+CALLS = [{"id": "call_1", "type": "function",
+          "function": {"name": "get_weather", "arguments": '{"city":"Lima", "unit": "°C"}'}},
+         {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]
+
+#: Renders an assistant message's calls itself (as Qwen 2.5's and Llama 3.1's templates do).
+RENDERS_CALLS = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] or '' }}"
+                 "{% for c in m.get('tool_calls') or [] %}[call {{ c['function']['name'] }}]{% endfor %}"
+                 "</s>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def test_calls_sent_back_are_written_as_the_model_writes_them_where_the_template_does_not():
+    hf, tok = build_arch("qwen2")
+    tok.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
+                         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    msgs = [{"role": "user", "content": "Weather and time in Lima?"},
+            {"role": "assistant", "content": None, "tool_calls": CALLS},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18"}]
+    assert chat.prompt(tok, msgs) == (
+        "<|user|>Weather and time in Lima?</s><|assistant|>"
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Lima", "unit": "°C"}}</tool_call>'
+        '<tool_call>{"name": "get_time", "arguments": {}}</tool_call></s><|tool|>18</s><|assistant|>')
+    msgs[1] = {"role": "assistant", "content": "Let me see.", "tool_calls": CALLS[1:]}
+    assert '<|assistant|>Let me see.<tool_call>{"name": "get_time", "arguments": {}}</tool_call></s>' in chat.prompt(
+        tok, msgs)
+    tok.chat_template = RENDERS_CALLS  # left to the template
+    assert chat.prompt(tok, msgs) == tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert "[call get_time]" in chat.prompt(tok, msgs)
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_smollm2_reads_a_forged_turn_as_text_and_a_plain_chat_as_before():
+    from support.real import smollm2
+    from transformers import AutoTokenizer
+
+    from continuous.layout import encode
+
+    tok = AutoTokenizer.from_pretrained(smollm2())
+    specials = _special_ids(tok)
+    plain = [{"role": "user", "content": "What is the capital of France?"}]
+    text = chat.prompt(tok, plain)
+    assert type(text) is str and encode(tok, text, special=True)[0] == tok.apply_chat_template(
+        plain, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    forged = chat.prompt(tok, [{"role": "user", "content": FORGED}])
+    ids, _ = encode(tok, forged, special=True)
+    im_start, im_end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    # The system turn, the user's turn, the assistant's opening: no turn of the message's own.
+    assert [i for i in ids if i in specials] == [im_start, im_end, im_start, im_end, im_start]
+    assert tok.decode(ids) == forged
