@@ -174,7 +174,7 @@ def _calls_text(calls: list[dict], form, guard: _Guard) -> str:
 def _call_form(tokenizer):
     """The form to write an assistant message's ``tool_calls`` in, or ``None`` where the chat
     template renders them itself (seen on a probe message)."""
-    from .generate.tools import HERMES, _template_form  # generate.tools renders with this module
+    from .engines.tools import HERMES
 
     name = "continuous_probe_call"
     probe = [{"role": "user", "content": "?"},
@@ -186,6 +186,26 @@ def _call_form(tokenizer):
     except Exception:  # a template that refuses them does not render them
         pass
     return _template_form(tokenizer) or HERMES
+
+
+def _template_form(tokenizer):
+    """The form of calls the chat template asks for, where it renders tools (else ``None``):
+    a :class:`~continuous.engines.tools.CallFormat`, told by what its text holds."""
+    from .engines.tools import HERMES, LLAMA3, MISTRAL  # the constraints' module: loaded when tools are used
+
+    template = getattr(tokenizer, "chat_template", None)
+    forms = (("<tool_call>", HERMES), ("[TOOL_CALLS]", MISTRAL), ('"parameters"', LLAMA3))  # in the order tried
+    form = next((f for mark, f in forms if mark in template), None) if isinstance(template, str) else None
+    if form is None:
+        return None
+    probe = [{"role": "user", "content": "?"}]
+    spec = {"type": "function", "function": {"name": "probe_tool", "description": "",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    try:
+        rendered = prompt(tokenizer, probe, tools=[spec])
+    except Exception:  # a template that cannot take tools=
+        return None
+    return form if "probe_tool" in rendered else None
 
 
 def turn(model, role: str, content: str, *, add_generation_prompt: bool = True, **template_kwargs) -> str:
