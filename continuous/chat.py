@@ -14,6 +14,11 @@ Three levels, from the simplest:
   cache kept up to there) where the template rewrites an earlier turn, with a
   :class:`TemplateRewriteWarning`.
 
+A message's content is text: the text of a special token in it is encoded as text, never
+as that token, while the template's own markers stay special (see :func:`prompt`;
+``special_in_content=True`` turns this off). Calls sent back in an assistant message's
+``tool_calls`` are written as the model writes them where the template does not render them.
+
 Examples
 --------
 >>> from continuous import continuous, generate, chat                 # doctest: +SKIP
@@ -221,6 +226,9 @@ def turn(model, role: str, content: str, *, add_generation_prompt: bool = True, 
     that changes, numbered turns) need :func:`sync` or :class:`Conversation`, which
     compare with the full rendering.
 
+    ``content`` is text, as in :func:`prompt` (``special_in_content=True`` to pass control
+    tokens, with the other ``template_kwargs``).
+
     Raises
     ------
     ValueError
@@ -288,7 +296,8 @@ class Conversation:
     messages
         The first messages (a system prompt, a user question...).
     **template_kwargs
-        Passed to every rendering (``tools=`` and the like).
+        Passed to every rendering (``tools=`` and the like, and :func:`prompt`'s
+        ``special_in_content``).
 
     Attributes
     ----------

@@ -92,7 +92,8 @@ def encode(tokenizer, text: str, special: bool) -> tuple[list[int], list[int]]:
     """
     if special and text:
         prefix = tokenizer("", add_special_tokens=True)["input_ids"]
-        special = not (prefix and text.startswith(tokenizer.decode(prefix)))
+        at_start = any(a == 0 for a, _ in getattr(text, "plain", ()))  # a message's text, not a rendered BOS
+        special = not (prefix and text.startswith(tokenizer.decode(prefix)) and not at_start)
     ids, offsets = _encoded(tokenizer, text, special)
     if getattr(text, "plain", ()):
         ids, offsets = _as_text(tokenizer, text, ids, offsets)

@@ -161,3 +161,10 @@ def test_special_tokens_text_in_plain_spans_is_encoded_as_text(special_tokenizer
     clean = _text([(p, is_plain and p not in specials) for p, is_plain in pieces])
     if not any(s in str(clean)[a:b] for a, b in clean.plain for s in specials):
         assert encode(tokenizer, clean, special=True) == encode(tokenizer, str(clean), special=True)
+
+
+def test_a_text_starting_with_the_bos_text_as_plain_text_still_gets_the_bos(tokenizer):
+    text = Text("<s>hello", [(0, 3)])
+    ids, _ = encode(tokenizer, text, special=True)
+    assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == 1
+    assert encode(tokenizer, str(text), special=True)[0].count(tokenizer.bos_token_id) == 1  # the text's own BOS
