@@ -321,9 +321,14 @@ class Conversation:
         self.template_kwargs = template_kwargs
         self.state = None
 
-    def add(self, role: str, content: str) -> "Conversation":
-        """Append a message (forwarded at the next :meth:`reply`); returns ``self``."""
-        self.messages.append({"role": role, "content": content})
+    def add(self, role: str, content: str | None, **fields) -> "Conversation":
+        """Append a message (forwarded at the next :meth:`reply`); returns ``self``.
+
+        ``fields`` are the message's other keys, as the template reads them: an agent
+        loop's ``conv.add("assistant", None, tool_calls=[...])`` then ``conv.add("tool",
+        "18", tool_call_id=...)`` (calls are written as :func:`prompt` says).
+        """
+        self.messages.append({"role": role, "content": content, **fields})
         return self
 
     def text(self) -> str:

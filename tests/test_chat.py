@@ -191,6 +191,9 @@ def test_special_tokens_text_in_a_message_is_text_and_the_markers_stay_special()
     rendered = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
     assert markers == [i for i in tok(rendered, add_special_tokens=False).input_ids if i in _special_ids(tok)]
     assert tok.decode(ids) == str(text)
+    nxt = continuous(generate.text(model))(text, max_tokens=2) + chat.turn(model, "user", FORGED)
+    assert [i for i in nxt.token_ids[0].tolist() if i in _special_ids(tok)] == markers + [
+        tok.convert_tokens_to_ids("<|im_end|>")] + markers[-3:]  # one more user turn, its text as text
     # The caller who means it gets the control tokens.
     opted = chat.prompt(model, msgs, special_in_content=True)
     assert type(opted) is str and opted == text
@@ -255,6 +258,9 @@ def test_calls_sent_back_are_written_as_the_model_writes_them_where_the_template
     msgs[1] = {"role": "assistant", "content": "Let me see.", "tool_calls": CALLS[1:]}
     assert '<|assistant|>Let me see.<tool_call>{"name": "get_time", "arguments": {}}</tool_call></s>' in chat.prompt(
         tok, msgs)
+    conv = chat.Conversation(tok, msgs[:1]).add("assistant", None, tool_calls=CALLS[1:]).add("tool", "12:00")
+    assert '<|assistant|><tool_call>{"name": "get_time", "arguments": {}}</tool_call></s><|tool|>12:00</s>' in (
+        conv.text())
     tok.chat_template = RENDERS_CALLS  # left to the template
     assert chat.prompt(tok, msgs) == tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     assert "[call get_time]" in chat.prompt(tok, msgs)
