@@ -128,7 +128,8 @@ def _as_text(tokenizer, text: Text, ids: list[int], offsets: list[tuple[int, int
             out_offsets += offsets[left + 1:right]
             continue
         start = offsets[left][1] if left >= 0 else 0
-        end = offsets[right][0] if right < len(ids) else len(text)
+        # A special token the tokenizer adds after the text (an EOS) reports (0, 0).
+        end = offsets[right][0] if right < len(ids) and offsets[right] != (0, 0) else len(text)
         new_ids, new_offsets = _stretch(tokenizer, str(text), start, end)
         out_ids += new_ids
         out_offsets += new_offsets
