@@ -14,6 +14,11 @@ Three levels, from the simplest:
   cache kept up to there) where the template rewrites an earlier turn, with a
   :class:`TemplateRewriteWarning`.
 
+A message's content is text: the text of a special token in it is encoded as text, never
+as that token, while the template's own markers stay special (see :func:`prompt`;
+``special_in_content=True`` turns this off). Calls sent back in an assistant message's
+``tool_calls`` are written as the model writes them where the template does not render them.
+
 Examples
 --------
 >>> from continuous import continuous, generate, chat                 # doctest: +SKIP
@@ -24,7 +29,13 @@ Examples
 
 from __future__ import annotations
 
+import functools
+import json
+import re
+import uuid
 import warnings
+
+from .layout import Text
 
 __all__ = ["prompt", "turn", "sync", "Conversation", "TemplateRewriteWarning"]
 
@@ -43,8 +54,18 @@ def _tokenizer(model):
     return tok
 
 
-def prompt(model, messages: list[dict], *, add_generation_prompt: bool = True, **template_kwargs) -> str:
+def prompt(model, messages: list[dict], *, add_generation_prompt: bool = True, special_in_content: bool = False,
+           **template_kwargs) -> str:
     """The text of ``messages`` in the model's chat template.
+
+    A message's content is text: where it holds a special token's text (``<|im_end|>``),
+    the result is a :class:`~continuous.layout.Text` that encodes it as text, so that no
+    message can write the template's own markers. The template's markers stay special.
+
+    An assistant message's ``tool_calls`` (OpenAI's form, as agent loops send them back)
+    that the template does not render are written into its content in the form the
+    model writes its calls (see :func:`continuous.generate.tools`), so that the next
+    turn continues what the model wrote.
 
     Parameters
     ----------
@@ -54,6 +75,9 @@ def prompt(model, messages: list[dict], *, add_generation_prompt: bool = True, *
         ``{"role": ..., "content": ...}`` dicts.
     add_generation_prompt
         End with the opening of an assistant message (what a generator continues).
+    special_in_content
+        Encode special tokens' text in contents as those tokens, as a ``str`` is encoded:
+        for contents that are meant to hold control tokens.
     **template_kwargs
         Passed to ``apply_chat_template`` (``tools=``, ``documents=``, template variables).
 
@@ -62,8 +86,131 @@ def prompt(model, messages: list[dict], *, add_generation_prompt: bool = True, *
     ValueError
         When the tokenizer has no chat template.
     """
-    return _tokenizer(model).apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs)
+    tok = _tokenizer(model)
+    guard = _Guard(tok, off=special_in_content)
+    form = _call_form(tok) if any(m.get("tool_calls") for m in messages) else None
+    messages = [_message(m, guard, form) for m in messages]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                   **template_kwargs)
+    return guard.restore(text)
+
+
+class _Guard:
+    """Special tokens' text in contents, swapped for marks that no template changes while the
+    template renders, then restored as plain spans of a :class:`~continuous.layout.Text`."""
+
+    def __init__(self, tokenizer, off: bool = False):
+        found = frozenset(t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
+                          if t.special and t.content)
+        self.pattern = _pattern(found) if found and not off else None
+        # Private-use characters: JSON filters (tojson) and trim leave them as they are.
+        self.mark = f"\ue000{uuid.uuid4().hex[:8]}"
+        self.swapped: list[str] = []
+
+    def __call__(self, content):
+        """``content`` (text, or a list of parts) with its special tokens' text swapped."""
+        if self.pattern is None:
+            return content
+        if isinstance(content, str):
+            return self.pattern.sub(self._swap, content)
+        if isinstance(content, list):
+            return [dict(part, text=self(part["text"])) if isinstance(part, dict) and isinstance(part.get("text"), str)
+                    else part for part in content]
+        return content
+
+    def _swap(self, match) -> str:
+        self.swapped.append(match.group())
+        return f"{self.mark}{len(self.swapped) - 1}\ue001"
+
+    def restore(self, text: str) -> str:
+        if not self.swapped:
+            return text
+        parts, plain, at, length = [], [], 0, 0
+        for match in re.finditer(re.escape(self.mark) + "([0-9]+)\ue001", text):
+            original = self.swapped[int(match.group(1))]
+            parts += [text[at:match.start()], original]
+            length += match.start() - at
+            plain.append((length, length + len(original)))
+            length += len(original)
+            at = match.end()
+        text = "".join(parts) + text[at:]
+        return Text(text, plain) if plain else text
+
+
+@functools.lru_cache(maxsize=16)
+def _pattern(specials: frozenset) -> re.Pattern:
+    return re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True))))
+
+
+def _message(message: dict, guard: _Guard, form) -> dict:
+    """The message as the template gets it: its content guarded, and its calls written into it
+    in ``form`` (where the template does not render them)."""
+    out = dict(message)
+    if "content" in out:
+        out["content"] = guard(out["content"])
+    calls = out.get("tool_calls")
+    if calls and form is not None:
+        del out["tool_calls"]
+        out["content"] = (out.get("content") or "") + _calls_text(calls, form, guard)
+    return out
+
+
+def _calls_text(calls: list[dict], form, guard: _Guard) -> str:
+    """The calls as the model writes them in ``form`` (JSON laid out as ``json.dumps`` does)."""
+    written = []
+    for call in calls:
+        function = call.get("function", call)
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):  # OpenAI's form: a JSON string
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                pass  # written as it came
+        body = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+        written.append(guard(f'{{"name": {json.dumps(function.get("name"), ensure_ascii=False)}, '
+                             f'"{form.arguments}": {body}}}'))
+    if form.name == "mistral":
+        return form.open + "[" + ", ".join(written) + "]"
+    if form.name == "llama3":
+        return "\n".join(written)
+    return "".join(form.open + w + form.close for w in written)
+
+
+def _call_form(tokenizer):
+    """The form to write an assistant message's ``tool_calls`` in, or ``None`` where the chat
+    template renders them itself (seen on a probe message)."""
+    from .engines.tools import HERMES
+
+    name = "continuous_probe_call"
+    probe = [{"role": "user", "content": "?"},
+             {"role": "assistant", "content": "", "tool_calls": [
+                 {"id": "call_probe", "type": "function", "function": {"name": name, "arguments": {}}}]}]
+    try:
+        if name in tokenizer.apply_chat_template(probe, tokenize=False):
+            return None
+    except Exception:  # a template that refuses them does not render them
+        pass
+    return _template_form(tokenizer) or HERMES
+
+
+def _template_form(tokenizer):
+    """The form of calls the chat template asks for, where it renders tools (else ``None``):
+    a :class:`~continuous.engines.tools.CallFormat`, told by what its text holds."""
+    from .engines.tools import HERMES, LLAMA3, MISTRAL  # the constraints' module: loaded when tools are used
+
+    template = getattr(tokenizer, "chat_template", None)
+    forms = (("<tool_call>", HERMES), ("[TOOL_CALLS]", MISTRAL), ('"parameters"', LLAMA3))  # in the order tried
+    form = next((f for mark, f in forms if mark in template), None) if isinstance(template, str) else None
+    if form is None:
+        return None
+    probe = [{"role": "user", "content": "?"}]
+    spec = {"type": "function", "function": {"name": "probe_tool", "description": "",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    try:
+        rendered = prompt(tokenizer, probe, tools=[spec])
+    except Exception:  # a template that cannot take tools=
+        return None
+    return form if "probe_tool" in rendered else None
 
 
 def turn(model, role: str, content: str, *, add_generation_prompt: bool = True, **template_kwargs) -> str:
@@ -78,6 +225,9 @@ def turn(model, role: str, content: str, *, add_generation_prompt: bool = True, 
     whatever came before. Templates that depend on the whole history (a system prompt
     that changes, numbered turns) need :func:`sync` or :class:`Conversation`, which
     compare with the full rendering.
+
+    ``content`` is text, as in :func:`prompt` (``special_in_content=True`` to pass control
+    tokens, with the other ``template_kwargs``).
 
     Raises
     ------
@@ -146,7 +296,8 @@ class Conversation:
     messages
         The first messages (a system prompt, a user question...).
     **template_kwargs
-        Passed to every rendering (``tools=`` and the like).
+        Passed to every rendering (``tools=`` and the like, and :func:`prompt`'s
+        ``special_in_content``).
 
     Attributes
     ----------
@@ -170,9 +321,14 @@ class Conversation:
         self.template_kwargs = template_kwargs
         self.state = None
 
-    def add(self, role: str, content: str) -> "Conversation":
-        """Append a message (forwarded at the next :meth:`reply`); returns ``self``."""
-        self.messages.append({"role": role, "content": content})
+    def add(self, role: str, content: str | None, **fields) -> "Conversation":
+        """Append a message (forwarded at the next :meth:`reply`); returns ``self``.
+
+        ``fields`` are the message's other keys, as the template reads them: an agent
+        loop's ``conv.add("assistant", None, tool_calls=[...])`` then ``conv.add("tool",
+        "18", tool_call_id=...)`` (calls are written as :func:`prompt` says).
+        """
+        self.messages.append({"role": role, "content": content, **fields})
         return self
 
     def text(self) -> str:

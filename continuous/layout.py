@@ -19,7 +19,67 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["Rows", "encode", "encode_after", "retokenize", "interior_holes"]
+__all__ = ["Text", "Rows", "encode", "encode_after", "retokenize", "interior_holes"]
+
+
+class Text(str):
+    """A ``str`` some of whose spans are plain text: there, a special token's text is
+    encoded as text, never as that token's id.
+
+    :func:`continuous.chat.prompt` returns one where a message's content holds the text
+    of a special token (``<|im_end|>``...), so that a user cannot write the template's
+    markers. Slicing it and adding a ``str`` to it (either side) keep the spans; any
+    other operation (``str.replace``, an f-string, ``str(text)``) gives a plain ``str``,
+    whose special tokens' text is encoded as those tokens.
+
+    Attributes
+    ----------
+    plain : tuple[tuple[int, int], ...]
+        The ``(start, end)`` character spans that are plain text, in order.
+    """
+
+    plain: tuple[tuple[int, int], ...]
+
+    def __new__(cls, text: str, plain=()):
+        self = super().__new__(cls, text)
+        self.plain = tuple((a, b) for a, b in plain if a < b)
+        return self
+
+    def __getitem__(self, key):
+        out = str.__getitem__(self, key)
+        if not isinstance(key, slice):
+            return out
+        start, stop, step = key.indices(len(self))
+        if step != 1:
+            return str(out)
+        return _text(out, [(max(a, start) - start, min(b, stop) - start) for a, b in self.plain])
+
+    def __add__(self, other):
+        if not isinstance(other, str):
+            return NotImplemented
+        return _text(str.__add__(self, other), self.plain + _shifted(other, len(self)))
+
+    def __radd__(self, other):
+        if not isinstance(other, str):
+            return NotImplemented
+        return _text(str.__add__(other, self), _shifted(other, 0) + _shifted(self, len(other)))
+
+
+def _shifted(text: str, by: int) -> tuple[tuple[int, int], ...]:
+    return tuple((a + by, b + by) for a, b in getattr(text, "plain", ()))
+
+
+def _text(text: str, plain) -> str:
+    """``text`` with these plain spans (those left empty dropped), or a plain ``str`` when none is left."""
+    made = Text(text, plain)
+    return made if made.plain else str(made)
+
+
+def _encoded(tokenizer, text: str, prefix: bool, split: bool = False) -> tuple[list[int], list[tuple[int, int]]]:
+    """Ids and character spans of ``text``'s tokens; with ``split``, special tokens' text is text."""
+    options = {"split_special_tokens": True} if split else {}
+    enc = tokenizer(text, add_special_tokens=prefix, return_offsets_mapping=True, **options)
+    return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
 
 
 def encode(tokenizer, text: str, special: bool) -> tuple[list[int], list[int]]:
@@ -27,17 +87,67 @@ def encode(tokenizer, text: str, special: bool) -> tuple[list[int], list[int]]:
 
     With ``special``, the tokenizer adds its special prefix (BOS), which ends at character
     0, unless the text already starts with it (a chat template renders the BOS itself):
-    it is then the text's own first token, not a second one.
+    it is then the text's own first token, not a second one. The plain spans of a
+    :class:`Text` are encoded as text (see :func:`_as_text`).
     """
     if special and text:
         prefix = tokenizer("", add_special_tokens=True)["input_ids"]
-        special = not (prefix and text.startswith(tokenizer.decode(prefix)))
-    enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+        at_start = any(a == 0 for a, _ in getattr(text, "plain", ()))  # a message's text, not a rendered BOS
+        special = not (prefix and text.startswith(tokenizer.decode(prefix)) and not at_start)
+    ids, offsets = _encoded(tokenizer, text, special)
+    if getattr(text, "plain", ()):
+        ids, offsets = _as_text(tokenizer, text, ids, offsets)
     ends, last = [], 0
-    for _, end in enc["offset_mapping"]:
+    for _, end in offsets:
         last = max(last, end)  # special tokens report (0, 0)
         ends.append(last)
-    return list(enc["input_ids"]), ends
+    return ids, ends
+
+
+def _as_text(tokenizer, text: Text, ids: list[int], offsets: list[tuple[int, int]]):
+    """``ids`` with every stretch between two special tokens outside ``text.plain`` that holds a
+    special token inside it encoded again, special tokens' text as text.
+
+    The tokenizer splits its input at special tokens and encodes the stretches between
+    them alone, so the stretches without such a token keep their tokens: a text whose
+    plain spans hold no special token's text is encoded exactly as a ``str``.
+    """
+    specials = {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special}
+    inside = [i in specials and a < b and any(s <= a and b <= e for s, e in text.plain)
+              for i, (a, b) in zip(ids, offsets)]
+    if not any(inside):
+        return ids, offsets
+    bounds = [-1] + [k for k, i in enumerate(ids) if i in specials and not inside[k]] + [len(ids)]
+    out_ids, out_offsets = [], []
+    for left, right in zip(bounds, bounds[1:]):
+        if left >= 0:
+            out_ids.append(ids[left])
+            out_offsets.append(offsets[left])
+        if not any(inside[left + 1:right]):
+            out_ids += ids[left + 1:right]
+            out_offsets += offsets[left + 1:right]
+            continue
+        start = offsets[left][1] if left >= 0 else 0
+        # A special token the tokenizer adds after the text (an EOS) reports (0, 0).
+        end = offsets[right][0] if right < len(ids) and offsets[right] != (0, 0) else len(text)
+        new_ids, new_offsets = _stretch(tokenizer, str(text), start, end)
+        out_ids += new_ids
+        out_offsets += new_offsets
+    return out_ids, out_offsets
+
+
+def _stretch(tokenizer, text: str, start: int, end: int):
+    """``text[start:end]`` encoded as the tokenizer encodes a stretch after a special token, all
+    of it as text; offsets in ``text``."""
+    window = text[start:end]
+    if start > 0:  # not at the start of the text: no dummy-prefix space (see encode_after)
+        anchor, _ = _encoded(tokenizer, _ANCHOR, False)
+        ids, offsets = _encoded(tokenizer, _ANCHOR + window, False, split=True)
+        if ids[: len(anchor)] == anchor:
+            return ids[len(anchor):], [(a + start - len(_ANCHOR), b + start - len(_ANCHOR))
+                                       for a, b in offsets[len(anchor):]]
+    ids, offsets = _encoded(tokenizer, window, False, split=True)
+    return ids, [(a + start, b + start) for a, b in offsets]
 
 
 #: Text put before a window that is encoded as the middle of a longer text (then cut off).

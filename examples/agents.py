@@ -3,9 +3,9 @@
 ``think=`` gives any generator a thinking section of free text before its constraint;
 with a budget, the library writes the closing marker when the budget is spent.
 ``generate.tools`` lets the model answer in text or call tools, each call's JSON held
-to a tool's schema. The shipped toy model has no thinking markers and no chat template,
-so the markers are given (``Think(open=..., close=...)``) and the prompts are plain text;
-its choices are arbitrary, but the answers always parse. Run ``python examples/agents.py``
+to a tool's schema. The shipped toy model has no thinking markers and was never trained
+on tools, so the markers are given (``Think(open=..., close=...)``) and the prompts are
+its plain dialogue lines; its choices are arbitrary, but the answers always parse. Run ``python examples/agents.py``
 (``--quick`` is the same, it is short).
 """
 

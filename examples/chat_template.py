@@ -1,9 +1,10 @@
 """A conversation through a chat template, forwarding only the new tokens.
 
 The demo model shipped with the package was trained on ``User: ...`` /
-``Assistant: ...`` dialogues; a small Jinja chat template renders messages in that
-format, as a real model's tokenizer renders its own. Each turn forwards only its new
-tokens, and the state's text is always the template rendered on all messages.
+``Assistant: ...`` dialogues; its chat template (``chat_template.jinja`` beside its
+weights) renders messages in that format, as a real model's tokenizer renders its own.
+Each turn forwards only its new tokens, and the state's text is always the template
+rendered on all messages.
 
 Run: ``python examples/chat_template.py``
 """
@@ -13,23 +14,15 @@ import torch
 from continuous import chat, continuous, generate, models
 from continuous.assets import DEMO_MODEL
 
-# User lines as "User: text", assistant lines as "Assistant:" then the answer as the model
-# writes it (with its leading space), one message per line.
-TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}User: {{ m['content'] }}\n"
-            "{% else %}Assistant:{{ m['content'] }}\n{% endif %}{% endfor %}"
-            "{% if add_generation_prompt %}Assistant:{% endif %}")
-
-
 def main() -> None:
     model = models.transformers(DEMO_MODEL, dtype=torch.float32)
-    model.tokenizer.chat_template = TEMPLATE
     gen = continuous(generate.text(model))
 
     conv = chat.Conversation(model)
     for question in ["Tell me about Omar.", "And about Lena?", "Where does Bob live?"]:
         conv.add("user", question)
         before = model.stats.tokens_forwarded
-        answer = conv.reply(gen, max_tokens=40, stop_at="\n")
+        answer = conv.reply(gen, max_tokens=40, stop_at="\n")  # the toy's answer is one line
         forwarded = model.stats.tokens_forwarded - before
         total = len(model.tokenizer(str(conv.state)).input_ids)
         print(f"user: {question!r}\nassistant: {answer!r}")

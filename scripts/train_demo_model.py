@@ -28,6 +28,14 @@ import torch
 
 OUT = Path(__file__).resolve().parent.parent / "continuous" / "assets" / "demo-model"
 
+#: The dialogues' form as a chat template: one ``Role: content`` line per message (a space
+#: after the colon unless the content starts with one, as the model writes its answers),
+#: then ``Assistant:`` for the answer. Only ``User`` and ``Assistant`` were trained.
+CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] | capitalize }}:"
+                 "{% if not (message['content'] or '').startswith((' ', '\\n')) %} {% endif %}"
+                 "{{ message['content'] or '' }}{{ '\\n' }}{% endfor %}"
+                 "{% if add_generation_prompt %}Assistant:{% endif %}")
+
 # ---------------------------------------------------------------------------- facts
 # (name, pronoun) so that sentences about a person read naturally.
 PEOPLE = [
@@ -336,6 +344,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     # fp16 halves the file; callers load it with dtype=torch.float32 for CPU speed and accuracy.
     model.half().save_pretrained(args.out, safe_serialization=True)
+    tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(args.out)
     size = sum(f.stat().st_size for f in args.out.iterdir())
     print(f"saved to {args.out}: {size / 1e6:.1f} MB, {params / 1e6:.2f}M parameters, "

@@ -7,13 +7,18 @@ from hypothesis import strategies as st
 from support.models import real_tokenizer
 
 from continuous import continuous, generate
-from continuous.layout import Rows, encode, interior_holes, retokenize
+from continuous.layout import Rows, Text, encode, interior_holes, retokenize
 
 TEXT = st.text(alphabet=st.sampled_from(list("ab lo {}\":,0123é€🙂\n")), max_size=30)
 
 
 @pytest.fixture(scope="module", params=["bpe", "llama-spm"])  # byte-level BPE; SentencePiece with a dummy prefix
 def any_tokenizer(request, tokenizer):
+    return tokenizer if request.param == "bpe" else real_tokenizer(request.param)
+
+
+@pytest.fixture(scope="module", params=["bpe", "qwen2", "llama-spm"])  # specials: <s> </s>; ChatML's; SentencePiece's
+def special_tokenizer(request, tokenizer):
     return tokenizer if request.param == "bpe" else real_tokenizer(request.param)
 
 
@@ -100,3 +105,66 @@ def test_interior_holes():
 
 def real_ids(state, row=0):
     return state.token_ids[row][state.attention_mask[row].bool()].tolist()
+
+
+def _plain_chars(text) -> set[int]:
+    return {i for a, b in getattr(text, "plain", ()) for i in range(a, b)}
+
+
+#: Pieces of a text: (text, in a plain span?).
+PIECES = st.lists(st.tuples(TEXT, st.booleans()), max_size=6)
+
+
+def _text(pieces) -> Text:
+    text, plain = "", []
+    for piece, is_plain in pieces:
+        if is_plain:
+            plain.append((len(text), len(text) + len(piece)))
+        text += piece
+    return Text(text, plain)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=PIECES, other=TEXT, cut=st.tuples(st.integers(-40, 40), st.integers(-40, 40)))
+def test_slices_and_sums_of_a_text_keep_its_plain_characters(pieces, other, cut):
+    text = _text(pieces)
+    chars = _plain_chars(text)
+    part = text[cut[0]:cut[1]]
+    start, stop, _ = slice(*cut).indices(len(text))
+    assert part == str(text)[cut[0]:cut[1]]
+    assert _plain_chars(part) == {i - start for i in chars if start <= i < stop}
+    assert _plain_chars(text + other) == chars and text + other == str(text) + other
+    assert _plain_chars(other + text) == {i + len(other) for i in chars} and other + text == other + str(text)
+    assert _plain_chars(text + text) == chars | {i + len(text) for i in chars}
+    assert type(str(text)) is str and type(text.replace("a", "a")) is str
+
+
+def _specials(tokenizer) -> list[str]:
+    return sorted(t.content for t in tokenizer.added_tokens_decoder.values() if t.special)[:4]
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_special_tokens_text_in_plain_spans_is_encoded_as_text(special_tokenizer, data):
+    tokenizer = special_tokenizer
+    specials = _specials(tokenizer)
+    pieces = data.draw(st.lists(st.tuples(st.one_of(TEXT, st.sampled_from(specials)), st.booleans()), max_size=8))
+    text = _text(pieces)
+    ids, ends = encode(tokenizer, text, special=True)
+    # Special ids are those of the special tokens outside plain spans, in order (a BOS added before all).
+    wanted = [tokenizer.convert_tokens_to_ids(p) for p, is_plain in pieces if p in specials and not is_plain]
+    special_ids = {tokenizer.convert_tokens_to_ids(s) for s in specials}
+    found = [i for i, e in zip(ids, ends) if i in special_ids and e > 0]
+    assert found == wanted
+    assert ends == sorted(ends) and (not text or ends[-1] == len(text))
+    # Without special text in a plain span, a Text encodes exactly as its str.
+    clean = _text([(p, is_plain and p not in specials) for p, is_plain in pieces])
+    if not any(s in str(clean)[a:b] for a, b in clean.plain for s in specials):
+        assert encode(tokenizer, clean, special=True) == encode(tokenizer, str(clean), special=True)
+
+
+def test_a_text_starting_with_the_bos_text_as_plain_text_still_gets_the_bos(tokenizer):
+    text = Text("<s>hello", [(0, 3)])
+    ids, _ = encode(tokenizer, text, special=True)
+    assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == 1
+    assert encode(tokenizer, str(text), special=True)[0].count(tokenizer.bos_token_id) == 1  # the text's own BOS

@@ -19,6 +19,7 @@ from typing import Any, Callable
 from pydantic import BaseModel
 
 from .. import chat
+from ..chat import _template_form
 from ..engines.tools import HERMES, LLAMA3, MISTRAL, CallFormat, tool_calls
 from ..engines.schema import closed
 from .base import SequenceGenerator, check_model, make
@@ -108,26 +109,6 @@ def _call_schema(tools: list[_Tool], arguments: str) -> dict:
                          "required": ["name", arguments], "additionalProperties": False})
     schema = {"anyOf": branches}
     return {**schema, "$defs": defs} if defs else schema
-
-
-#: What in a chat template's text tells the form it asks for, in the order they are tried.
-_FORMS = (("<tool_call>", HERMES), ("[TOOL_CALLS]", MISTRAL), ('"parameters"', LLAMA3))
-
-
-def _template_form(tokenizer) -> CallFormat | None:
-    """The form of calls the chat template asks for, where it renders tools (else ``None``)."""
-    template = getattr(tokenizer, "chat_template", None)
-    form = next((f for mark, f in _FORMS if mark in template), None) if isinstance(template, str) else None
-    if form is None:
-        return None
-    probe = [{"role": "user", "content": "?"}]
-    spec = {"type": "function", "function": {"name": "probe_tool", "description": "",
-                                             "parameters": {"type": "object", "properties": {}}}}
-    try:
-        rendered = chat.prompt(tokenizer, probe, tools=[spec])
-    except Exception:  # a template that cannot take tools=
-        return None
-    return form if "probe_tool" in rendered else None
 
 
 @dataclass(frozen=True, eq=False)
