@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from ..think import thinking
+from . import responses
 from .calls import Call, Delta, RequestError, Served
 from .wire import (
     ChatChoice,
@@ -82,6 +83,7 @@ def build_app(model, *, name: str, max_queue: int = 64, think: bool | int | None
     app.state.served = served
     _errors(app)
     _routes(app, served)
+    responses.register(app, served, answer=_answer, check_model=_check_model)
     return app
 
 
