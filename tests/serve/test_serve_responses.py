@@ -291,3 +291,25 @@ def test_another_model_and_a_stored_response_are_not_found(client):
     with pytest.raises(openai.NotFoundError) as missing:
         client.responses.retrieve("resp_1")
     assert "stateless" in missing.value.body["message"]
+
+
+def test_a_call_failing_mid_stream_ends_it_with_response_failed(app, client, monkeypatch):
+    from continuous.serve.calls import Call, Delta
+
+    async def failing(self, stream):
+        try:
+            async for _ in stream:
+                yield [Delta(text="so far")]
+                raise RuntimeError("the model broke")
+        finally:
+            await stream.aclose()
+
+    monkeypatch.setattr(Call, "deltas", failing)
+    events = list(client.responses.create(model=NAME, input=QUESTION, max_output_tokens=8, stream=True))
+    failed = events[-1]
+    assert failed.type == "response.failed" and failed.response.status == "failed"
+    assert "the model broke" in failed.response.error.message
+    assert failed.response.output[0].content[0].text == "so far"
+    monkeypatch.undo()
+    assert app.state.served.in_flight == 0  # its queue slot is free: the server goes on serving
+    assert client.responses.create(model=NAME, input=QUESTION, max_output_tokens=2).usage.output_tokens == 2
