@@ -144,7 +144,7 @@ def chat_request(body: ResponsesRequest) -> ChatRequest:
 
 
 def _tool_choice(body: ResponsesRequest):
-    """``tool_choice`` in chat's form; ``allowed_tools`` narrows the tools, which then are chat's ``tools``."""
+    """``tool_choice`` in chat's form (a named function is one of the tools)."""
     choice = body.tool_choice
     if choice is None or isinstance(choice, str):
         return choice

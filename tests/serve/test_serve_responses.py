@@ -10,6 +10,8 @@ from typing import Literal
 import jsonschema
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 from starlette.testclient import TestClient
 from support.serving import NAME, TEMPLATE, save_chat_model
@@ -313,3 +315,90 @@ def test_a_call_failing_mid_stream_ends_it_with_response_failed(app, client, mon
     monkeypatch.undo()
     assert app.state.served.in_flight == 0  # its queue slot is free: the server goes on serving
     assert client.responses.create(model=NAME, input=QUESTION, max_output_tokens=2).usage.output_tokens == 2
+
+
+def test_calls_join_the_assistant_turn_before_them_and_reasoning_is_left_out():
+    from continuous.serve.responses import messages
+
+    items = [{"role": "user", "content": "Paris and Oslo?"},
+             {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Looking."}]},
+             {"type": "function_call", "call_id": "a", "name": "weather", "arguments": '{"city": "Paris"}'},
+             {"type": "function_call", "call_id": "b", "name": "weather", "arguments": '{"city": "Oslo"}'},
+             {"type": "function_call_output", "call_id": "a", "output": "sunny"},
+             {"type": "function_call_output", "call_id": "b", "output": [{"type": "input_text", "text": "rain"}]},
+             {"type": "function_call", "call_id": "c", "name": "time", "arguments": "{}"}]
+    call = lambda id, name, arguments: {"id": id, "type": "function",  # noqa: E731
+                                        "function": {"name": name, "arguments": arguments}}
+    assert messages("Be brief.", items) == [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Paris and Oslo?"},
+        {"role": "assistant", "content": "Looking.", "tool_calls": [call("a", "weather", '{"city": "Paris"}'),
+                                                                   call("b", "weather", '{"city": "Oslo"}')]},
+        {"role": "tool", "tool_call_id": "a", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "b", "content": "rain"},
+        {"role": "assistant", "content": None, "tool_calls": [call("c", "time", "{}")]}]
+
+
+def _accumulated(events: list[tuple[str, dict]]) -> list[dict]:
+    """The output items a client builds from the events, as the ``openai`` client's stream helper does."""
+    items: dict[int, dict] = {}
+    for kind, fields in events:
+        if kind == "response.output_item.added":
+            items[fields["output_index"]] = {**fields["item"], "content": [], "arguments": ""}
+        elif kind == "response.content_part.added":
+            items[fields["output_index"]]["content"].append(dict(fields["part"]))
+        elif kind in ("response.output_text.delta", "response.reasoning_text.delta"):
+            items[fields["output_index"]]["content"][fields["content_index"]]["text"] += fields["delta"]
+        elif kind == "response.function_call_arguments.delta":
+            items[fields["output_index"]]["arguments"] += fields["delta"]
+        elif kind == "response.output_item.done":
+            item = items[fields["output_index"]]
+            assert item["id"] == fields["item"]["id"]
+            item["status"] = fields["item"]["status"]
+    return [items[i] for i in sorted(items)]
+
+
+def _plain(item) -> dict:
+    """An output item less its generated id, with a call's text fields in one place."""
+    out = item.model_dump() if hasattr(item, "model_dump") else dict(item)
+    out.pop("id")
+    out.setdefault("content", [])
+    out.setdefault("arguments", "")
+    return out
+
+
+pieces = st.text("ab {}", max_size=4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(pieces, max_size=5), st.lists(pieces, max_size=5),
+       st.lists(st.tuples(st.sampled_from(["weather", "time"]), st.lists(pieces, min_size=1, max_size=3)),
+                max_size=2),
+       st.sampled_from(["stop", "length", "tool_calls"]))
+def test_streamed_events_build_the_items_of_the_whole_response(thoughts, texts, calls, finish):
+    from continuous.serve.calls import Delta
+    from continuous.serve.responses import _Output, _status
+
+    status = _status(finish)[0]
+    streamed, events = _Output(), []
+    for thought in thoughts:
+        events += streamed.add(Delta(reasoning=thought))
+    for text in texts:
+        events += streamed.add(Delta(text=text))
+    for index, (name, arguments) in enumerate(calls):  # a call's id and name, then its arguments
+        events += streamed.add(Delta(tool_calls=[{"index": index, "id": f"call_{index}", "function": {"name": name}}]))
+        for piece in arguments:
+            events += streamed.add(Delta(tool_calls=[{"index": index, "function": {"arguments": piece}}]))
+    events += streamed.close(status)
+    whole = _Output()
+    whole.add(Delta(text="".join(texts), reasoning="".join(thoughts), tool_calls=[
+        {"id": f"call_{i}", "function": {"name": name, "arguments": "".join(arguments)}}
+        for i, (name, arguments) in enumerate(calls)]))
+    whole.close(status)
+    assert list(map(_plain, _accumulated(events))) == list(map(_plain, streamed.items)) \
+        == list(map(_plain, whole.items))
+    kinds = [item.type for item in whole.items]
+    assert kinds == ["reasoning"] * bool("".join(thoughts)) + ["message"] * bool(
+        "".join(texts) or (not calls and status == "completed")) + ["function_call"] * len(calls)
+    assert all(item.status == "completed" for item in whole.items[:-1])
+    assert not whole.items or whole.items[-1].status == status
