@@ -44,7 +44,7 @@ from .responses_wire import (
     ResponseUsage,
     StreamEvent,
 )
-from .wire import ChatRequest
+from .wire import ChatRequest, TokenLogprob, TopLogprob
 
 __all__ = ["register"]
 
@@ -99,7 +99,7 @@ def _call(served: Served, body: ResponsesRequest) -> Call:
                                    code="invalid_value")
             generator = served.tools_generator(chat.tools, chat.tool_choice, 1)
         prompt = served.chat_prompt([m.template_dict() for m in chat.messages], generator)
-        return served.call([prompt], chat, chat.limit, None, param="input", generator=generator)
+        return served.call([prompt], chat, chat.limit, body.logprobs, param="input", generator=generator)
     except RequestError as exc:
         exc.param = _param(exc.param)
         raise
@@ -207,15 +207,20 @@ class _Output:
     """A response's output items, built from a row's pieces as they come: its thinking, its text and
     its calls, each item opened when its first piece comes and closed when another kind's does.
 
-    Each method returns the stream events that say what changed, as ``(type, fields)``.
+    Each method returns the stream events that say what changed, as ``(type, fields)``. With
+    ``logprobs``, the tokens' log-probabilities go with the text that follows them.
     """
 
-    def __init__(self):
+    def __init__(self, logprobs: bool = False):
         self.items: list = []
         self.open = None  # the item being written
         self.calls: dict[int, FunctionCall] = {}  # by the call's index in the row
+        self.logprobs = logprobs
+        self.pending: list[TokenLogprob] = []  # log-probabilities not yet given with text
 
     def add(self, delta: Delta) -> list[tuple[str, dict]]:
+        if self.logprobs:
+            self.pending += _logprobs(delta.logprobs)
         events = self._reasoning(delta.reasoning) if delta.reasoning else []
         if delta.text:
             events += self._text(delta.text)
@@ -239,7 +244,14 @@ class _Output:
         events = [] if isinstance(self.open, OutputMessage) else self._opened(OutputMessage(id=_id("msg")))
         self.open.content[0].text += text
         return events + [("response.output_text.delta", dict(self._where(), content_index=0, delta=text,
-                                                              logprobs=[]))]
+                                                              logprobs=self._given()))]
+
+    def _given(self) -> list[dict]:
+        """The pending log-probabilities, now part of the open message's text."""
+        given, self.pending = self.pending, []
+        if self.logprobs:
+            self.open.content[0].logprobs += given
+        return [_dump(entry) for entry in given]
 
     def _call(self, index: int, entry: dict) -> list:
         function = entry.get("function") or {}
@@ -258,8 +270,8 @@ class _Output:
     def _opened(self, item) -> list:
         """Close the open item and open ``item`` (with its one content part, for a message or thinking)."""
         events = self._closed("completed")
-        part = OutputText() if isinstance(item, OutputMessage) else ReasoningText() if isinstance(item, Reasoning) \
-            else None
+        part = OutputText(logprobs=[] if self.logprobs else None) if isinstance(item, OutputMessage) \
+            else ReasoningText() if isinstance(item, Reasoning) else None
         self.items.append(item)
         self.open = item
         events.append(("response.output_item.added", dict(output_index=len(self.items) - 1, item=_dump(item))))
@@ -276,8 +288,11 @@ class _Output:
             events.append(("response.function_call_arguments.done", dict(self._where(), arguments=item.arguments)))
         else:
             part = item.content[0]
-            done = ("response.output_text.done", dict(text=part.text, logprobs=[])) if isinstance(part, OutputText) \
-                else ("response.reasoning_text.done", dict(text=part.text))
+            if isinstance(part, OutputText):
+                self._given()  # the last tokens' (their text was given before them)
+                done = ("response.output_text.done", dict(text=part.text, logprobs=_dump(part).get("logprobs", [])))
+            else:
+                done = ("response.reasoning_text.done", dict(text=part.text))
             events += [(done[0], dict(self._where(), content_index=0, **done[1])),
                        ("response.content_part.done", dict(self._where(), content_index=0, part=_dump(part)))]
         item.status = status
@@ -287,6 +302,13 @@ class _Output:
 
     def _where(self) -> dict:
         return dict(output_index=len(self.items) - 1, item_id=self.open.id)
+
+
+def _logprobs(entries: list[tuple]) -> list[TokenLogprob]:
+    """The library's ``(text, logprob, [(alternative, logprob)])`` entries in OpenAI's form."""
+    return [TokenLogprob(token=text, logprob=lp, bytes=list(text.encode()), top_logprobs=[
+        TopLogprob(token=t, logprob=a, bytes=list(t.encode())) for t, a in alternatives])
+        for text, lp, alternatives in entries]
 
 
 def _id(prefix: str) -> str:
@@ -312,8 +334,9 @@ class _ResponseShape:
 
     def whole(self, call: Call, state) -> Response:
         (row,) = call.rows(state)
-        output = _Output()
-        output.add(Delta(text=row.text, reasoning=row.reasoning or "", tool_calls=row.tool_calls))
+        output = _Output(self.body.logprobs is not None)
+        output.add(Delta(text=row.text, reasoning=row.reasoning or "", tool_calls=row.tool_calls,
+                         logprobs=row.logprobs or []))
         status, details = _status(row.finish_reason)
         output.close(status)
         return self.response(status, output.items, details, self.usage(call, state, row))
@@ -327,7 +350,7 @@ class _ResponseShape:
             data = StreamEvent(type=kind, sequence_number=next(numbers), **fields).model_dump_json(exclude_none=True)
             return f"event: {kind}\ndata: {data}\n\n"
 
-        output, finish = _Output(), None
+        output, finish = _Output(self.body.logprobs is not None), None
         for kind in ("response.created", "response.in_progress"):
             yield event(kind, dict(response=_dump(self.response("in_progress", []))))
         try:
@@ -365,7 +388,7 @@ class _ResponseShape:
             id=self.id, created_at=self.created, completed_at=int(time.time()) if status == "completed" else None,
             model=self.served.name, status=status, output=list(items), usage=usage, error=error,
             incomplete_details=details, instructions=body.instructions, max_output_tokens=body.max_output_tokens,
-            temperature=body.temperature, top_p=body.top_p,
+            temperature=body.temperature, top_p=body.top_p, top_logprobs=body.top_logprobs,
             tools=[tool.model_dump(exclude_none=True) for tool in body.tools or ()],
             tool_choice=body.tool_choice if body.tool_choice is not None else "auto",
             parallel_tool_calls=body.parallel_tool_calls is not False,

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .wire import TokenLogprob
+
 __all__ = [
     "ResponsesRequest", "TextConfig", "TextFormat", "FunctionTool", "ReasoningConfig",
     "InputPart", "InputMessage", "FunctionCallItem", "FunctionCallOutputItem", "ReasoningInput", "INPUT_ITEMS",
@@ -88,7 +90,9 @@ class ResponsesRequest(_Strict):
     reasoning: ReasoningConfig | None = None
     previous_response_id: str | None = None  # refused by the endpoint: the server keeps no responses
     truncation: Literal["disabled"] | None = None  # "auto" would drop input the server must not drop
-    include: list[Literal["reasoning.encrypted_content"]] | None = None  # accepted: reasoning comes as text
+    # Log-probabilities come with "message.output_text.logprobs"; the reasoning comes as text, never encrypted.
+    include: list[Literal["message.output_text.logprobs", "reasoning.encrypted_content"]] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     background: Literal[False] | None = None
     # Accepted, with no effect on the output: clients send them routinely.
     store: bool | None = None
@@ -103,6 +107,11 @@ class ResponsesRequest(_Strict):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options needs stream: true")
         return self
+
+    @property
+    def logprobs(self) -> int | None:
+        """The alternatives wanted beside each token's log-probability (``None``: no log-probabilities)."""
+        return (self.top_logprobs or 0) if "message.output_text.logprobs" in (self.include or ()) else None
 
     @property
     def format(self) -> TextFormat | None:
@@ -192,6 +201,7 @@ class OutputText(BaseModel):
     type: Literal["output_text"] = "output_text"
     text: str = ""
     annotations: list[Any] = []
+    logprobs: list[TokenLogprob] | None = None
 
 
 class OutputMessage(BaseModel):
@@ -265,6 +275,7 @@ class Response(BaseModel):
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_logprobs: int | None = None
     tools: list[dict[str, Any]] = []
     tool_choice: str | dict[str, Any] = "auto"
     parallel_tool_calls: bool = True

@@ -360,7 +360,7 @@ def _accumulated(events: list[tuple[str, dict]]) -> list[dict]:
 
 def _plain(item) -> dict:
     """An output item less its generated id, with a call's text fields in one place."""
-    out = item.model_dump() if hasattr(item, "model_dump") else dict(item)
+    out = item.model_dump(exclude_none=True) if hasattr(item, "model_dump") else dict(item)
     out.pop("id")
     out.setdefault("content", [])
     out.setdefault("arguments", "")
@@ -402,3 +402,21 @@ def test_streamed_events_build_the_items_of_the_whole_response(thoughts, texts, 
         "".join(texts) or (not calls and status == "completed")) + ["function_call"] * len(calls)
     assert all(item.status == "completed" for item in whole.items[:-1])
     assert not whole.items or whole.items[-1].status == status
+
+
+def test_log_probabilities_are_the_chat_endpoint_s_whole_and_streamed(client):
+    options = dict(model=NAME, input=QUESTION, max_output_tokens=6, temperature=0,
+                   include=["message.output_text.logprobs"], top_logprobs=2)
+    response = client.responses.create(**options)
+    answer = _chat(client, [{"role": "user", "content": QUESTION}], max_tokens=6, temperature=0, logprobs=True,
+                   top_logprobs=2)
+    (part,) = response.output[0].content
+    expected = answer.choices[0].logprobs.content
+    assert [(e.token, e.logprob) for e in part.logprobs] == [(e.token, e.logprob) for e in expected]
+    assert "".join(e.token for e in part.logprobs) == part.text
+    assert all(len(e.top_logprobs) == 2 for e in part.logprobs)
+    events = list(client.responses.create(stream=True, **options))
+    streamed = [entry for e in events if e.type == "response.output_text.delta" for entry in e.logprobs]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in part.logprobs]
+    assert client.responses.create(model=NAME, input=QUESTION, max_output_tokens=2).output[0].content[0].logprobs \
+        is None
