@@ -420,3 +420,39 @@ def test_log_probabilities_are_the_chat_endpoint_s_whole_and_streamed(client):
     assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in part.logprobs]
     assert client.responses.create(model=NAME, input=QUESTION, max_output_tokens=2).output[0].content[0].logprobs \
         is None
+
+
+class City(BaseModel):
+    name: str
+    country: str
+    population_millions: int = Field(ge=0, le=50)
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_a_trained_model_answers_parses_and_calls_through_responses():
+    from support.real import smollm2
+
+    app = build_app(models.transformers(smollm2(), prefix_cache="256MB"), name=NAME)
+    with TestClient(app) as http:
+        client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0)
+        answer = client.responses.create(model=NAME, instructions="Answer in one sentence.", temperature=0,
+                                         input="What is the capital of France?", max_output_tokens=40)
+        assert answer.status == "completed" and "Paris" in answer.output_text
+        city = client.responses.parse(model=NAME, input="Give the name, country and population in millions of "
+                                      "Paris as JSON.", text_format=City, max_output_tokens=120, temperature=0)
+        assert city.output_parsed.name == "Paris"
+        weather = {"type": "function", "name": "get_weather", "description": "The weather in a city", "strict": True,
+                   "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                  "required": ["city"], "additionalProperties": False}}
+        question = [{"role": "user", "content": "What's the weather like in Paris today?"}]
+        first = client.responses.create(model=NAME, input=question, tools=[weather], tool_choice="required",
+                                        max_output_tokens=80, temperature=0)
+        (call,) = [item for item in first.output if item.type == "function_call"]
+        assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+        second = client.responses.create(
+            model=NAME, tools=[weather], max_output_tokens=40, temperature=0,
+            input=question + [item.model_dump(exclude_none=True) for item in first.output]
+            + [{"type": "function_call_output", "call_id": call.call_id, "output": '{"sky": "sunny"}'}])
+        assert second.status in ("completed", "incomplete") and second.output_text
+        assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens // 2
