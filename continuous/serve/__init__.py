@@ -1,8 +1,9 @@
 """An OpenAI-compatible server: ``python -m continuous.serve MODEL --port 8000``.
 
 It serves ``/v1/chat/completions`` and ``/v1/completions`` (streamed or whole, with ``n``,
-``stop``, ``seed``, log-probabilities and JSON response formats), ``/v1/models`` and
-``/health``. Needs the ``serve`` extra (``pip install continuous[serve]``).
+``stop``, ``seed``, log-probabilities and JSON response formats), ``/v1/responses``
+(OpenAI's Responses API, stateless), ``/v1/models`` and ``/health``. Needs the ``serve``
+extra (``pip install continuous[serve]``).
 :func:`build_app` gives the ASGI application, to serve a model loaded another way.
 """
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from ..think import thinking
+from . import responses
 from .auth import BearerAuth
 from .calls import Call, Delta, RequestError, Served
 from .metrics import add_metrics_route
@@ -90,6 +91,7 @@ def build_app(model, *, name: str, max_queue: int = 64, think: bool | int | None
     app.state.served = served
     _errors(app)
     _routes(app, served)
+    responses.register(app, served, answer=_answer)
     add_token_routes(app, served)
     add_metrics_route(app, served)
     if api_key is not None:
