@@ -19,7 +19,7 @@ from typing import Any, Callable
 from pydantic import BaseModel
 
 from .. import chat
-from ..engines.tools import HERMES, LLAMA3, MISTRAL, CallFormat, read_calls, tool_calls
+from ..engines.tools import HERMES, LLAMA3, MISTRAL, CallFormat, Written, read_calls, tool_calls
 from ..engines.schema import closed
 from .base import SequenceGenerator, check_model, make
 
@@ -143,11 +143,20 @@ class ToolsGenerator(SequenceGenerator):
     own_format
         Whether the chat template renders tools itself (else the default, Hermes form is
         written into the system prompt).
+    tool_choice
+        ``"auto"``, ``"required"``, ``"none"`` or a tool's name, as given.
     """
 
     tools: tuple = ()
     form: CallFormat = HERMES
     own_format: bool = False
+    tool_choice: str = "auto"
+
+    def read(self, text: str, final: bool = True) -> Written:
+        """A reply's text and calls as the model wrote them, whole or (``final=False``) as far as
+        written: each call's name and its arguments' JSON text (see
+        :func:`~continuous.engines.tools.read_calls`). With ``tool_choice="none"`` all is text."""
+        return read_calls(text, self.form, final=final) if self.tool_choice != "none" else Written(text)
 
     def prompt(self, messages: list[dict], **template_kwargs) -> str:
         """The conversation's text in the chat template, with the tools the model may call.
@@ -242,4 +251,5 @@ def tools(model, tools: list, tool_choice: str = "auto", sampler=None, *, parall
     base = make(model, sampler, constraint, _ParseReply(made, form, tool_choice != "none"), kind="tools", ban=ban,
                 ban_case=ban_case, think=think)
     values = {f.name: getattr(base, f.name) for f in fields(SequenceGenerator)}
-    return ToolsGenerator(**values, tools=tuple(made), form=form, own_format=own is not None)
+    return ToolsGenerator(**values, tools=tuple(made), form=form, own_format=own is not None,
+                          tool_choice=tool_choice)
