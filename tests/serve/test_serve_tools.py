@@ -163,3 +163,25 @@ def test_a_tool_choice_that_names_no_tool_of_the_request_is_refused(app, tool_ch
         ask(app, tools=[WEATHER, TIME], tool_choice=tool_choice, max_tokens=4)
     assert refused.value.status_code == 400
     assert refused.value.body["param"] == "tool_choice" and refused.value.body["code"] == "invalid_value"
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_smollm2_streams_the_calls_it_answers_whole():
+    from support.real import smollm2
+
+    from continuous import models
+
+    app = build_app(models.transformers(str(smollm2())), name=NAME)
+    request = dict(messages=[{"role": "user", "content": "What time is it in Oslo, and the weather in Paris?"}],
+                   tools=[WEATHER, TIME], tool_choice="required", n=2, temperature=0.7, seed=4, max_tokens=40)
+    answer = whole(sync_client(app).chat.completions.create(model=NAME, **request))
+
+    async def chunks():
+        stream = await async_client(app).chat.completions.create(model=NAME, stream=True, **request)
+        return [chunk async for chunk in stream]
+
+    assert rebuilt(asyncio.run(chunks())) == answer
+    for content, calls, finish in answer.values():
+        assert calls and finish == "tool_calls" and "<tool_call>" not in content
+        checked(*calls[0])
