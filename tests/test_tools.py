@@ -1,16 +1,21 @@
 """generate.tools: free text and calls held to the tools' schemas, in the model's own format."""
 
+import json
 from typing import Literal
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel, Field
+from support.constraints import accepts
 from support.models import build_arch
+from support.serving import TEMPLATE
 from support.templates import QWEN25
 
 from continuous import Reply, ToolCall, chat, continuous, generate, models, samplers
 from continuous.engines import bits
-from continuous.engines.tools import HERMES
+from continuous.engines.tools import HERMES, LLAMA3, MISTRAL, read_calls
 
 
 class Add(BaseModel):
@@ -29,7 +34,7 @@ TOOLS = [Add, switch]
 NAMES = {"Add", "switch"}
 
 
-def _check(reply: Reply, allowed=NAMES):
+def _check(reply: Reply, allowed=NAMES, form=HERMES):
     assert isinstance(reply, Reply)
     for call in reply.calls:
         assert isinstance(call, ToolCall) and call.name in allowed
@@ -38,7 +43,11 @@ def _check(reply: Reply, allowed=NAMES):
         else:
             assert set(call.arguments) == {"on", "room"} and isinstance(call.arguments["on"], bool)
             assert call.arguments["room"] in ("kitchen", "hall")
-    assert "<tool_call>" not in reply.text  # free text never holds a call's marker
+    # Free text never holds what opens a call in the form: a marker, or (Llama 3.1) a leading "{".
+    if form is LLAMA3:
+        assert not reply.text.lstrip().startswith("{")
+    else:
+        assert form.open not in reply.text
 
 
 def _replies(made, state, prompt):
@@ -193,12 +202,12 @@ def test_other_template_forms_are_followed(template, form):
     assert ended
     for r in ended:
         reply = required.parse(list(state)[r][len(prompt):])
-        _check(reply)
+        _check(reply, form=required.form)
         assert reply.calls
     auto = generate.tools(model, TOOLS)
     state = continuous(auto)([prompt] * 3, max_tokens=30, seed=1, sampler=samplers.multinomial())
     for reply in _replies(auto, state, prompt):
-        _check(reply)
+        _check(reply, form=auto.form)
 
 
 def test_openai_style_tool_dicts(model):
@@ -213,3 +222,156 @@ def test_openai_style_tool_dicts(model):
         assert reply.calls and all(c.name == "lamp" and isinstance(c.arguments["on"], bool) for c in reply.calls)
     with pytest.raises(ValueError, match="needs a function with a name"):
         generate.tools(model, [{"type": "function", "function": {"description": "no name"}}])
+
+
+def _formed(template: str, seed: int = 3):
+    """A tiny model whose chat template asks for calls in ``template``'s form."""
+    from support import templates
+    from support.models import build_llama, build_tokenizer
+
+    tok = build_tokenizer(1000)
+    tok.chat_template = getattr(templates, template)
+    return models.transformers(build_llama(tok, "tiny", seed=seed, max_position_embeddings=2048), tok)
+
+
+@pytest.fixture(scope="module")
+def llama_form():
+    return _formed("LLAMA31_FORM")
+
+
+def test_a_hermes_string_argument_may_hold_the_closing_marker(model):
+    spec = {"type": "function", "function": {"name": "say", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
+    made = generate.tools(model, [spec], tool_choice="auto")
+    said = 'a</tool_call>b <tool_call> "c"'
+    text = f'Sure. <tool_call>{{"name": "say", "arguments": {json.dumps({"text": said})}}}</tool_call> Done.'
+    assert accepts(made, text)  # the grammar allows it: the parse must read it as written
+    assert made.parse(text) == Reply("Sure.  Done.", [ToolCall("say", {"text": said})])
+
+
+def test_a_llama_reply_is_a_held_call_or_text_never_a_call_the_grammar_did_not_hold(llama_form):
+    made = generate.tools(llama_form, TOOLS)
+    assert made.form is LLAMA3
+    call = '{"name": "Add", "parameters": {"a": 1, "b": 2}}'
+    assert not accepts(made, ' {"x": 1}') and not accepts(made, '\n{"name": "Add", "parameters": {"a": 100}}')
+    for text in (call, " " + call, "\n\n" + call):  # leading blanks, then a call held to its schema
+        assert accepts(made, text)
+        assert made.parse(text) == Reply("", [ToolCall("Add", Add(a=1, b=2))])
+    assert accepts(made, " Hello {x}") and made.parse(" Hello {x}") == Reply("Hello {x}", [])
+    # Sampled replies starting with blanks: whatever the grammar lets through parses, and fits.
+    prompt = made.prompt([{"role": "user", "content": "Add 1 and 2."}])
+    state = continuous(made)([prompt + " "] * 4, max_tokens=60, seed=0, sampler=samplers.multinomial())
+    for r, why in enumerate(state.finish_reasons):
+        if why == "eos":
+            _check(made.parse(" " + list(state)[r][len(prompt) + 1:]), form=LLAMA3)
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", "Add"])
+def test_parallel_tool_calls_false_gives_at_most_one_call(model, choice):
+    made = generate.tools(model, TOOLS, tool_choice=choice, parallel_tool_calls=False)
+    one = '<tool_call>{"name": "Add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    assert accepts(made, one + " done") and not accepts(made, one + one)
+    assert not accepts(made, one + " and <tool_call> more")
+    assert accepts(generate.tools(model, TOOLS, tool_choice=choice), one + one)
+    state = continuous(made)(["Call:"] * 6, max_tokens=120, seed=0, sampler=samplers.multinomial())
+    for r, text in enumerate(state):
+        if state.finish_reasons[r] == "eos":
+            reply = made.parse(text[len("Call:"):])
+            _check(reply)
+            assert len(reply.calls) <= 1 and (choice == "auto" or reply.calls)
+
+
+def test_parallel_tool_calls_false_in_the_mistral_form():
+    made = generate.tools(_formed("MISTRAL_FORM"), TOOLS, parallel_tool_calls=False)
+    one = '{"name": "Add", "arguments": {"a": 1, "b": 2}}'
+    assert accepts(made, f"Ok [TOOL_CALLS][{one}]") and not accepts(made, f"[TOOL_CALLS][{one}, {one}]")
+
+
+def test_tools_are_added_to_an_existing_system_message(model, monkeypatch):
+    monkeypatch.setattr(model.tokenizer, "chat_template", TEMPLATE)
+    made = generate.tools(model, TOOLS)
+    prompt = made.prompt([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert prompt.count("<|system|>") == 1
+    assert prompt.startswith("<|system|>Be brief.\n\nYou can call tools.") and '"name": "switch"' in prompt
+    alone = made.prompt([{"role": "user", "content": "Hi"}])
+    assert alone.startswith("<|system|>You can call tools.") and alone.endswith("<|user|>Hi</s><|assistant|>")
+
+
+def test_a_template_that_refuses_tools_gets_the_default_form(model, monkeypatch):
+    refusing = "{% if tools %}{{ raise_exception('no tools here') }}{% endif %}<tool_call>" + TEMPLATE
+    monkeypatch.setattr(model.tokenizer, "chat_template", refusing)
+    made = generate.tools(model, TOOLS)
+    assert not made.own_format and made.form is HERMES
+    assert '"name": "Add"' in made.prompt([{"role": "user", "content": "Hi"}])
+
+
+def test_tools_that_cannot_be_told_apart_or_read_are_refused_clearly(model):
+    def Add(a: int) -> int:  # noqa: N802 (a function sharing the pydantic tool's name)
+        return a
+
+    with pytest.raises(ValueError, match="'Add' given more than once"):
+        generate.tools(model, [TOOLS[0], Add])
+    bad = {"type": "function", "function": {"name": "f", "parameters": ["a", "b"]}}
+    with pytest.raises(ValueError, match="parameters of tool 'f' must be a JSON schema object"):
+        generate.tools(model, [bad])
+
+
+def test_tools_sharing_a_type_name_share_it_only_when_it_is_the_same(model):
+    class Item(BaseModel):
+        x: int
+
+    class Put(BaseModel):
+        item: Item
+
+    class Take(BaseModel):
+        item: Item
+
+    same = generate.tools(model, [Put, Take])
+    text = '<tool_call>{"name": "Take", "arguments": {"item": {"x": 3}}}</tool_call>'
+    assert accepts(same, text) and same.parse(text).calls[0].arguments == Take(item=Item(x=3))
+
+    class Item(BaseModel):  # noqa: F811 (the same name, another type)
+        y: str
+
+    class Give(BaseModel):
+        item: Item
+
+    with pytest.raises(ValueError, match="different types named 'Item'"):
+        generate.tools(model, [Put, Give])
+
+
+# Replies as the grammar writes them, for the reader's checks: text pieces, and calls whose
+# string argument may hold anything (markers, quotes, braces, escapes).
+_TEXT = st.text(st.sampled_from("ab <>{}[]\n"), max_size=6)
+_CALLS = st.lists(st.tuples(st.sampled_from(["f", "g_2"]), st.text(st.sampled_from('ab"\\{}<>/[]\n_é'), max_size=8)),
+                  max_size=3)
+
+
+def _written(form, texts, calls) -> tuple[str, list[tuple[str, str]]]:
+    """A reply in ``form`` and its calls' (name, arguments' JSON)."""
+    wanted = [(name, json.dumps({"s": value})) for name, value in calls]
+    jsons = [f'{{"name": "{name}", "{form.arguments}": {arguments}}}' for name, arguments in wanted]
+    clean = [t.replace("<", "(").replace("[", "(").lstrip("{ \n") for t in texts] + [""] * 4
+    if form is HERMES:
+        return "".join(t + f"<tool_call>{['', chr(10)][i % 2]}{j}\n</tool_call>" for i, (t, j) in
+                       enumerate(zip(clean, jsons))) + clean[len(jsons)], wanted
+    if form is MISTRAL:
+        return clean[0] + (f"[TOOL_CALLS][{', '.join(jsons)}]" if jsons else ""), wanted
+    return (" " + jsons[0], wanted[:1]) if jsons else ("x" + clean[0], [])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from([HERMES, MISTRAL, LLAMA3]), st.lists(_TEXT, max_size=4), _CALLS)
+def test_a_reply_read_as_it_is_written_only_grows_into_the_whole_reply(form, texts, calls):
+    reply, wanted = _written(form, texts, calls)
+    whole = read_calls(reply, form)
+    assert [(c.name, c.arguments) for c in whole.calls] == wanted and all(c.done for c in whole.calls)
+    assert form.open not in whole.text if form is not LLAMA3 else not whole.text.lstrip().startswith("{")
+    for end in range(len(reply) + 1):
+        part = read_calls(reply[:end], form, final=False)
+        assert whole.text.startswith(part.text)
+        assert len(part.calls) <= len(whole.calls)
+        for seen, call in zip(part.calls, whole.calls):
+            assert seen.name in (None, call.name) and call.arguments.startswith(seen.arguments)
+            assert not seen.done or seen == call
+            assert seen.name is not None or not seen.arguments

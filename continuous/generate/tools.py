@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import inspect
 import json as _json
-import re
 from dataclasses import dataclass, fields
+from functools import partial
 from typing import Any, Callable
 
 from pydantic import BaseModel
 
 from .. import chat
 from ..chat import _template_form
-from ..engines.tools import HERMES, LLAMA3, MISTRAL, CallFormat, tool_calls
+from ..engines.tools import HERMES, CallFormat, Written, read_calls, tool_calls
 from ..engines.schema import closed
 from .base import SequenceGenerator, check_model, make
 
@@ -124,11 +124,20 @@ class ToolsGenerator(SequenceGenerator):
     own_format
         Whether the chat template renders tools itself (else the default, Hermes form is
         written into the system prompt).
+    tool_choice
+        ``"auto"``, ``"required"``, ``"none"`` or a tool's name, as given.
     """
 
     tools: tuple = ()
     form: CallFormat = HERMES
     own_format: bool = False
+    tool_choice: str = "auto"
+
+    def read(self, text: str, final: bool = True) -> Written:
+        """A reply's text and calls as the model wrote them, whole or (``final=False``) as far as
+        written: each call's name and its arguments' JSON text (see
+        :func:`~continuous.engines.tools.read_calls`). With ``tool_choice="none"`` all is text."""
+        return read_calls(text, self.form, final=final) if self.tool_choice != "none" else Written(text)
 
     def prompt(self, messages: list[dict], **template_kwargs) -> str:
         """The conversation's text in the chat template, with the tools the model may call.
@@ -154,36 +163,22 @@ class _ParseReply:
 
     def __init__(self, tools: list[_Tool], form: CallFormat, calls: bool):
         self.tools, self.form, self.calls = {t.name: t for t in tools}, form, calls
-        self.pattern = re.compile(re.escape(form.open) + r"\s*(.*?)\s*" + re.escape(form.close), re.S)
 
     def __call__(self, text: str) -> Reply:
         if not self.calls:
             return Reply(text.strip(), [])
-        found, parts = self._split(text)
+        written = read_calls(text, self.form)
         calls = []
-        for call in found:
-            tool = self.tools[call["name"]]
-            calls.append(ToolCall(tool.name, tool.parse(call[self.form.arguments])))
-        return Reply("".join(parts).strip(), calls)
-
-    def _split(self, text: str) -> tuple[list[dict], list[str]]:
-        """The calls' JSON and the text around them, as the form writes them."""
-        if self.form is LLAMA3:
-            is_call = text.lstrip().startswith("{")
-            return ([_json.loads(text)], []) if is_call else ([], [text])
-        if self.form is MISTRAL:
-            at = text.find(self.form.open)
-            return ([], [text]) if at < 0 else (_json.loads(text[at + len(self.form.open):]), [text[:at]])
-        found, parts, at = [], [], 0
-        for match in self.pattern.finditer(text):
-            parts.append(text[at:match.start()])
-            found.append(_json.loads(match.group(1)))
-            at = match.end()
-        return found, parts + [text[at:]]
+        for call in written.calls:
+            if not call.done:
+                raise ValueError(f"a call is not written whole: {text!r}")
+            tool = self.tools[call.name]
+            calls.append(ToolCall(tool.name, tool.parse(_json.loads(call.arguments))))
+        return Reply(written.text.strip(), calls)
 
 
-def tools(model, tools: list, tool_choice: str = "auto", sampler=None, *, ban=None, ban_case=False,
-          think=None) -> ToolsGenerator:
+def tools(model, tools: list, tool_choice: str = "auto", sampler=None, *, parallel_tool_calls: bool = True,
+          ban=None, ban_case=False, think=None) -> ToolsGenerator:
     """Replies in free text that may call tools; ``value`` is a :class:`Reply`.
 
     Parameters
@@ -200,6 +195,8 @@ def tools(model, tools: list, tool_choice: str = "auto", sampler=None, *, ban=No
         ``"auto"`` (text, calls, or both), ``"required"`` (the reply starts with a call),
         ``"none"`` (text only) or a tool's name (the reply starts with a call of that
         tool; later calls are of it too).
+    parallel_tool_calls
+        Whether a reply may hold more than one call (``False``: at most one).
     sampler, ban, ban_case, think
         As for every generator.
 
@@ -219,8 +216,9 @@ def tools(model, tools: list, tool_choice: str = "auto", sampler=None, *, ban=No
         raise ValueError(f"tools must be a non-empty list of functions, pydantic models or tool dicts, got {tools!r}")
     made = [_described(t) if isinstance(t, dict) else _tool(t) for t in tools]
     names = [t.name for t in made]
-    if len(set(names)) < len(names):
-        raise ValueError(f"tool names must differ, got {names}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"tool names must differ: {', '.join(map(repr, twice))} given more than once")
     if tool_choice not in ("auto", "required", "none", *names):
         raise ValueError(f"tool_choice must be 'auto', 'required', 'none' or a tool's name {names}, "
                          f"got {tool_choice!r}")
@@ -230,8 +228,9 @@ def tools(model, tools: list, tool_choice: str = "auto", sampler=None, *, ban=No
     constraint = None
     if tool_choice != "none":
         schema = _call_schema(callable_tools, form.arguments)
-        constraint = lambda tokenizer: tool_calls(schema, form, tokenizer, call_first=tool_choice != "auto")  # noqa: E731
+        constraint = partial(tool_calls, schema, form, call_first=tool_choice != "auto", parallel=parallel_tool_calls)
     base = make(model, sampler, constraint, _ParseReply(made, form, tool_choice != "none"), kind="tools", ban=ban,
                 ban_case=ban_case, think=think)
     values = {f.name: getattr(base, f.name) for f in fields(SequenceGenerator)}
-    return ToolsGenerator(**values, tools=tuple(made), form=form, own_format=own is not None)
+    return ToolsGenerator(**values, tools=tuple(made), form=form, own_format=own is not None,
+                          tool_choice=tool_choice)

@@ -167,16 +167,7 @@ def _routes(app: FastAPI, served: Served) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         served.check_model(body.model)
-        generator = None
-        if body.tools:  # calls come back in message.tool_calls, finish_reason "tool_calls"
-            if body.response_format is not None and body.response_format.type != "text":
-                raise RequestError("give tools or a JSON response_format, not both", param="response_format")
-            generator = served.tools_generator(body.tools, body.tool_choice, body.n)
-        elif body.tool_choice is not None:
-            raise RequestError("tool_choice needs tools", param="tool_choice")
-        prompt = served.chat_prompt([m.template_dict() for m in body.messages], generator)
-        logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        call = served.call([prompt], body, body.limit, logprobs, param="messages", generator=generator)
+        call = served.chat_call(body, (body.top_logprobs or 0) if body.logprobs else None)
         return await _answer(served, request, call, body.stream, _ChatShape(served, body))
 
     @app.post("/v1/completions")
@@ -355,9 +346,8 @@ def _says(d: Delta) -> bool:
 
 
 def _chat_delta(d: Delta) -> ChatDelta:
-    """A row's delta in chat's form: text, thinking, and calls (numbered, as streamed calls are)."""
-    calls = [dict(call, index=i) for i, call in enumerate(d.tool_calls)] if d.tool_calls else None
-    return ChatDelta(content=d.text or None, reasoning_content=d.reasoning or None, tool_calls=calls)
+    """A row's delta in chat's form: text, thinking, and calls (each with its ``index``)."""
+    return ChatDelta(content=d.text or None, reasoning_content=d.reasoning or None, tool_calls=d.tool_calls)
 
 
 def _bytes(text: str) -> list[int]:

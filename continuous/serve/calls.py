@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, AsyncIterator
 
 from .. import chat, generate, samplers
+from ..engines.tools import Written
+from ..generate.tools import _described
 from ..layout import encode
 from ..wrapper import ContinuousGenerator, continuous
 from .metrics import Metrics
@@ -86,8 +88,10 @@ class Call:
         return self.generator.astream(prompt, **self.options)
 
     @property
-    def tools(self) -> bool:
-        return self.generator.generator.kind == "tools"
+    def tools(self):
+        """The :class:`~continuous.generate.tools.ToolsGenerator` of a reply that may call tools, else ``None``."""
+        made = self.generator.generator
+        return made if made.kind == "tools" else None
 
     @property
     def think(self):
@@ -99,7 +103,6 @@ class Call:
         counts = state.attention_mask.sum(1).tolist()
         reasons = state.finish_reasons
         logprobs, scores = state.logprobs, state.choice_scores
-        replies = _replies(state, len(reasons)) if self.tools else [None] * len(reasons)
         out = []
         for r, full in enumerate(state):
             prompt = self.prompts[r // self.n]
@@ -110,7 +113,8 @@ class Call:
                       logprobs[r] if logprobs is not None else None)
             if self.think is not None:  # the library wrote the opening marker after the prompt
                 row.reasoning, row.text = self.generator.generator.parse.parts(text.removeprefix(self.think.open))
-            _calls(row, replies[r])
+            if self.tools:  # each row read alone: one cut short leaves the others' calls whole
+                _calls(row, self.tools.read(row.text))
             row.choice_scores = scores[r] if scores is not None else None
             out.append(row)
         return out
@@ -118,10 +122,13 @@ class Call:
     async def deltas(self, stream) -> AsyncIterator[list[Delta]]:
         """Per step, each row's new text; a stop string, and text that may begin one, are held back.
 
-        The last item gives each row the rest of its final text and its finish reason.
+        A reply that may call tools sends its text outside calls, and each call as OpenAI streams
+        them: its id and name first, then its arguments as they are written. The last item gives
+        each row the rest of its final text and calls, and its finish reason.
         """
         rows = len(self.prompts) * self.n
         raw, sent, logged = [""] * rows, [0] * rows, [0] * rows
+        calls = [_StreamedCalls() for _ in range(rows)]
         want_logprobs = self.options.get("logprobs") is not None
         try:
             async for pieces in stream:
@@ -130,17 +137,57 @@ class Call:
                 for r, piece in enumerate(_flat(pieces, rows)):
                     thought = piece.reasoning if self.think is not None else ""
                     raw[r] += piece.answer if self.think is not None else piece
-                    # A reply that may call tools is sent whole at the end, its calls apart.
-                    safe = sent[r] if self.tools else _safe(raw[r], self.stops)
-                    delta = Delta(raw[r][sent[r]:safe], entries[r][logged[r]:] if entries else [], None, thought)
-                    sent[r], logged[r] = max(sent[r], safe), logged[r] + len(delta.logprobs)
+                    shown, made = raw[r][:_safe(raw[r], self.stops)], None
+                    if self.tools:  # the text outside calls, as far as it cannot turn into one
+                        written = self.tools.read(shown, final=False)
+                        shown, made = written.text.strip(), calls[r].step(written)
+                    delta = Delta(shown[sent[r]:], entries[r][logged[r]:] if entries else [], None, thought, made)
+                    sent[r], logged[r] = max(sent[r], len(shown)), logged[r] + len(delta.logprobs)
                     step.append(delta)
                 yield step
         finally:  # however the stream ends (a client gone too), its rows leave the model's steps
             await stream.aclose()
         final = self.rows(stream.state)
         yield [Delta(row.text[sent[r]:], (row.logprobs or [])[logged[r]:], row.finish_reason,
-                     tool_calls=row.tool_calls, choice_scores=row.choice_scores) for r, row in enumerate(final)]
+                     tool_calls=calls[r].rest(row.tool_calls), choice_scores=row.choice_scores) for r, row in enumerate(final)]
+
+
+class _StreamedCalls:
+    """What a row's stream has sent of its calls: each call's id, and how much of its arguments."""
+
+    def __init__(self):
+        self.ids: list[str] = []
+        self.sent: list[int] = []
+
+    def step(self, written: Written) -> list[dict] | None:
+        """The calls' deltas since the last step: a call's id and name once its name is written
+        (its arguments then follow, from the next step on), then its new arguments."""
+        out = []
+        for i, call in enumerate(written.calls):
+            if call.name is None:
+                break
+            if i == len(self.ids):
+                self.ids.append(_call_id())
+                self.sent.append(0)
+                out.append({"index": i, "id": self.ids[i], "type": "function",
+                            "function": {"name": call.name, "arguments": ""}})
+            elif len(call.arguments) > self.sent[i]:
+                out.append({"index": i, "function": {"arguments": call.arguments[self.sent[i]:]}})
+                self.sent[i] = len(call.arguments)
+        return out or None
+
+    def rest(self, final: list[dict] | None) -> list[dict] | None:
+        """The deltas that complete the final calls: the rest of the arguments of those sent, the
+        calls not yet sent whole."""
+        out = []
+        for i, call in enumerate(final or []):
+            if i >= len(self.ids):
+                out.append({"index": i, **call})
+                continue
+            call["id"] = self.ids[i]
+            if len(call["function"]["arguments"]) > self.sent[i]:
+                out.append({"index": i, "function": {"arguments": call["function"]["arguments"][self.sent[i]:]}})
+        return out or None
 
 
 def _flat(pieces, rows: int) -> list[str]:
@@ -163,28 +210,41 @@ def _safe(text: str, stops: list[str]) -> int:
     return len(text)
 
 
-def _replies(state, rows: int) -> list:
-    """Each row's :class:`~continuous.Reply`, or ``None`` for all when one was cut short (it stays text)."""
-    try:
-        return _flat(state.value, rows)
-    except ValueError:
-        return [None] * rows
+def _calls(row: Row, written: Written) -> None:
+    """A reply's calls in OpenAI's form (the arguments as the model wrote them), its text beside
+    them. A call cut short (by ``max_tokens``) comes with the arguments written so far and the
+    row's own finish reason, as OpenAI's do; a reply whose calls are whole says ``tool_calls``."""
+    row.text = written.text.strip()
+    named = [c for c in written.calls if c.name is not None]
+    if named:
+        row.tool_calls = [{"id": _call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                          for c in named]
+        if all(c.done for c in written.calls):
+            row.finish_reason = "tool_calls"
 
 
-def _calls(row: Row, reply) -> None:
-    """A reply's calls in OpenAI's form, its text beside them (a reply cut short stays text)."""
-    if reply is None:
-        return
-    row.text = reply.text
-    if reply.calls:
-        row.tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                           "function": {"name": c.name, "arguments": json.dumps(_plain(c.arguments))}}
-                          for c in reply.calls]
-        row.finish_reason = "tool_calls"
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def _plain(arguments):
-    return arguments.model_dump(mode="json") if hasattr(arguments, "model_dump") else arguments
+def _tool_choice(choice, names: list[str]) -> str:
+    """A request's ``tool_choice`` as the library takes it: ``"auto"``, ``"required"``, ``"none"`` or
+    the name of one of the tools, from a string, ``{"type": "function", "function": {"name": ...}}``
+    or the flat ``{"type": "function", "name": ...}``; what names no tool of the request is refused."""
+    if choice is None:
+        return "auto"
+    if isinstance(choice, dict):
+        inner = choice.get("function", choice)
+        name = inner.get("name") if isinstance(inner, dict) and choice.get("type") == "function" else None
+        if not isinstance(name, str):
+            raise RequestError(f"tool_choice {choice!r} names no tool: give \"auto\", \"required\", \"none\" or "
+                               '{"type": "function", "function": {"name": ...}}', param="tool_choice",
+                               code="invalid_value")
+        choice = name
+    if choice not in ("auto", "required", "none", *names):
+        raise RequestError(f"tool_choice names {choice!r}, which is not one of the tools {names}",
+                           param="tool_choice", code="invalid_value")
+    return choice
 
 
 def _without_stop(text: str, stops: list[str]) -> str:
@@ -252,6 +312,18 @@ class Served:
         except TemplateError as exc:  # the template's own checks (roles that must alternate...)
             raise RequestError(f"the chat template refused the messages: {exc}", param="messages") from exc
 
+    def chat_call(self, request, logprobs: int | None) -> Call:
+        """A chat request's call: its messages in the chat template, with its tools' generator
+        when it gives tools (its calls then come back apart from its text)."""
+        generator = None
+        if request.tools:
+            generator = self.tools_generator(request.tools, request.tool_choice, request.n,
+                                             request.parallel_tool_calls is not False)
+        elif request.tool_choice is not None:
+            raise RequestError("tool_choice needs tools", param="tool_choice", code="invalid_value")
+        prompt = self.chat_prompt([m.template_dict() for m in request.messages], generator)
+        return self.call([prompt], request, request.limit, logprobs, param="messages", generator=generator)
+
     def call(self, prompts: list[str], request, limit: int | None, logprobs: int | None, param: str,
              generator: ContinuousGenerator | None = None) -> Call:
         """A request's call, checked: prompts within the context, a valid format, sound options."""
@@ -314,13 +386,19 @@ class Served:
         return self._kept((constraint.kind, json.dumps(spec, sort_keys=True), n), build,
                           f"the {what} cannot be used", constraint.param, code)
 
-    def tools_generator(self, tools: list[dict], tool_choice, n: int) -> ContinuousGenerator:
-        """The generator of replies that may call ``tools`` (OpenAI's dicts), built once and kept."""
-        if isinstance(tool_choice, dict):  # {"type": "function", "function": {"name": ...}}
-            tool_choice = (tool_choice.get("function") or {}).get("name")
-        choice = tool_choice if tool_choice is not None else "auto"
-        return self._kept(("tools", json.dumps(tools, sort_keys=True), str(choice), n),
-                          lambda sampler: generate.tools(self.model, tools, choice, sampler, think=self.think),
+    def tools_generator(self, tools: list[dict], tool_choice, n: int, parallel: bool = True) -> ContinuousGenerator:
+        """The generator of replies that may call ``tools`` (OpenAI's dicts), built once and kept.
+
+        ``tool_choice`` is OpenAI's (``None`` is ``"auto"``); ``parallel=False`` allows one call at most.
+        """
+        try:
+            names = [_described(tool).name for tool in tools]
+        except ValueError as exc:
+            raise RequestError(f"the tools cannot be used: {exc}", param="tools", code="invalid_tools") from exc
+        choice = _tool_choice(tool_choice, names)
+        return self._kept(("tools", json.dumps(tools, sort_keys=True), choice, parallel, n),
+                          lambda sampler: generate.tools(self.model, tools, choice, sampler, think=self.think,
+                                                         parallel_tool_calls=parallel),
                           "the tools cannot be used", "tools", "invalid_tools")
 
     def _kept(self, key: tuple, build, refusal: str = "", param: str | None = None, code: str | None = None

@@ -89,15 +89,8 @@ def _call(served: Served, body: ResponsesRequest) -> Call:
     """The request's call: the chat request it means, prompted and checked as the chat endpoint does
     (a refusal names the Responses field at fault, not the chat one)."""
     chat = chat_request(body)
-    generator = None
     try:
-        if chat.tools:
-            if chat.response_format is not None and chat.response_format.type != "text":
-                raise RequestError("give tools or a JSON text.format, not both", param="text.format",
-                                   code="invalid_value")
-            generator = served.tools_generator(chat.tools, chat.tool_choice, 1)
-        prompt = served.chat_prompt([m.template_dict() for m in chat.messages], generator)
-        return served.call([prompt], chat, chat.limit, body.logprobs, param="input", generator=generator)
+        return served.chat_call(chat, body.logprobs)
     except RequestError as exc:
         exc.param = _param(exc.param)
         raise

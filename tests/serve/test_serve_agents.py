@@ -59,13 +59,19 @@ def test_the_server_answers_as_the_library_s_tools_generator(server, local):
     assert [json.loads(c.function.arguments) for c in message.tool_calls or []] == [c.arguments for c in reply.calls]
 
 
-def test_a_streamed_reply_gives_its_calls_at_the_end(server):
+def test_a_streamed_reply_gives_its_calls_as_deltas(server):
     chunks = list(server.client().chat.completions.create(
         model=NAME, messages=MESSAGES, tools=[WEATHER], tool_choice="required", max_tokens=60, temperature=0,
         stream=True))
-    calls = [call for chunk in chunks for c in chunk.choices for call in (c.delta.tool_calls or [])]
-    assert calls and [c.index for c in calls] == list(range(len(calls)))
-    assert all(call.function.name == "weather" for call in calls)
+    deltas = [call for chunk in chunks for c in chunk.choices for call in (c.delta.tool_calls or [])]
+    first = [d for d in deltas if d.id is not None]  # each call's id and name come first, once
+    assert first and [d.index for d in first] == list(range(len(first)))
+    assert all(d.function.name == "weather" and d.type == "function" for d in first)
+    import jsonschema
+
+    for i in range(len(first)):  # the arguments, added up, fit the schema
+        arguments = json.loads("".join(d.function.arguments or "" for d in deltas if d.index == i))
+        jsonschema.validate(arguments, WEATHER["function"]["parameters"])
     assert [c.finish_reason for chunk in chunks for c in chunk.choices if c.finish_reason] == ["tool_calls"]
 
 
@@ -79,6 +85,9 @@ def test_tool_choice_without_tools_and_bad_tools_are_refused(server):
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=NAME, messages=MESSAGES, tools=[WEATHER], tool_choice="date",
                                        max_tokens=4)
+    assert refused.value.body["param"] == "tool_choice"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=NAME, messages=MESSAGES, tools=[{"type": "function"}], max_tokens=4)
     assert refused.value.body["param"] == "tools"
     assert client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=2).choices  # still serving
 
