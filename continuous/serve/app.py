@@ -43,13 +43,14 @@ from .wire import (
     CompletionRequest,
     ErrorBody,
     ErrorResponse,
-    FieldError,
     ModelCard,
     ModelList,
     PromptTokensDetails,
     TokenLogprob,
     TopLogprob,
     Usage,
+    param_code,
+    place,
 )
 
 __all__ = ["build_app"]
@@ -116,8 +117,8 @@ def _errors(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             return _error(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}",
                           code="invalid_json")
-        param, code = _param_code(first)
-        problems = "; ".join(f"{_place(e) or 'body'}: {e['msg']}" for e in exc.errors())
+        param, code = param_code(first)
+        problems = "; ".join(f"{place(e) or 'body'}: {e['msg']}" for e in exc.errors())
         return _error(400, problems, param, code)
 
     @app.exception_handler(HTTPException)
@@ -133,24 +134,6 @@ def _errors(app: FastAPI) -> None:
 
 
 #: pydantic's error types in OpenAI's codes (any other is ``invalid_value``).
-CODES = {"missing": "missing_required_parameter", "extra_forbidden": "unknown_parameter"}
-
-
-def _param_code(error: dict) -> tuple[str | None, str]:
-    """OpenAI's ``param`` and ``code`` of a validation error: where it is, and what kind it is."""
-    refusal = error.get("ctx", {}).get("error")
-    if isinstance(refusal, FieldError):  # a check across fields names its own
-        return refusal.param, refusal.code
-    param = _place(error)
-    if param is None:
-        return None, "invalid_body"  # the body as a whole: not an object
-    kind = error.get("type", "")
-    return param, CODES.get(kind, "invalid_type" if kind.endswith("_type") else "invalid_value")
-
-
-def _place(error: dict) -> str | None:
-    """Where in the body a validation error is, as OpenAI's ``param`` names it (``messages.0.role``)."""
-    return ".".join(str(p) for p in error.get("loc", ()) if p != "body") or None
 
 
 def _routes(app: FastAPI, served: Served) -> None:

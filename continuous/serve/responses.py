@@ -44,7 +44,7 @@ from .responses_wire import (
     ResponseUsage,
     StreamEvent,
 )
-from .wire import ChatRequest, TokenLogprob, TopLogprob
+from .wire import ChatRequest, TokenLogprob, TopLogprob, param_code
 
 __all__ = ["register"]
 
@@ -130,8 +130,9 @@ def chat_request(body: ResponsesRequest) -> ChatRequest:
         return ChatRequest(**fields)
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = _param(".".join(map(str, first["loc"])) or None)
-        raise RequestError(f"{param or 'body'}: {first['msg']}", param=param, code="invalid_value") from exc
+        param, code = param_code(first)
+        param = _param(param)
+        raise RequestError(f"{param or 'body'}: {first['msg']}", param=param, code=code) from exc
 
 
 def _tool_choice(body: ResponsesRequest):

@@ -18,7 +18,7 @@ __all__ = [
     "JsonSchemaFormat", "StreamOptions", "TokenLogprob", "TopLogprob", "ChoiceLogprobs", "CompletionLogprobs",
     "Usage", "PromptTokensDetails", "ChatMessage", "ChatChoice", "ChatCompletion", "ChatDelta",
     "ChatChunkChoice", "ChatCompletionChunk", "CompletionChoice", "Completion", "ModelCard", "ModelList",
-    "ErrorBody", "ErrorResponse",
+    "ErrorBody", "ErrorResponse", "param_code", "place",
 ]
 
 
@@ -29,6 +29,27 @@ class FieldError(ValueError):
     def __init__(self, param: str, message: str, code: str = "invalid_value"):
         super().__init__(message)
         self.param, self.code = param, code
+
+
+#: OpenAI's ``code`` of a pydantic error kind (others: ``invalid_type`` or ``invalid_value``).
+CODES = {"missing": "missing_required_parameter", "extra_forbidden": "unknown_parameter"}
+
+
+def param_code(error: dict) -> tuple[str | None, str]:
+    """OpenAI's ``param`` and ``code`` of a validation error: where it is, and what kind it is."""
+    refusal = error.get("ctx", {}).get("error")
+    if isinstance(refusal, FieldError):  # a check across fields names its own
+        return refusal.param, refusal.code
+    param = place(error)
+    if param is None:
+        return None, "invalid_body"  # the body as a whole: not an object
+    kind = error.get("type", "")
+    return param, CODES.get(kind, "invalid_type" if kind.endswith("_type") else "invalid_value")
+
+
+def place(error: dict) -> str | None:
+    """Where in the body a validation error is, as OpenAI's ``param`` names it (``messages.0.role``)."""
+    return ".".join(str(p) for p in error.get("loc", ()) if p != "body") or None
 
 
 class _Strict(BaseModel):
