@@ -302,22 +302,33 @@ class StaticStepCache(Cache):
     work as for any forward.
     """
 
-    def __init__(self, buf: _Buffer, layer_kinds: list[bool], write_at: torch.Tensor):
+    def __init__(self, buf: _Buffer, layer_kinds: list[bool], write_at: torch.Tensor, static: bool = True):
         self.keys, self.values, self.capacity, self.write_at = buf.keys, buf.values, buf.capacity, write_at
+        self.static = static
         for t in self.keys + self.values:
-            # A static address, as HF's StaticCache marks its own: CUDA graphs write the
-            # buffer in place instead of copying it in as an input at every step. Unguarded,
-            # so that a new buffer (a new state, a grown capacity) re-records a graph rather
-            # than recompiling.
-            torch._dynamo.mark_static_address(t, guard=False)
+            if static:
+                # A static address, as HF's StaticCache marks its own: CUDA graphs write the
+                # buffer in place instead of copying it in as an input at every step.
+                # Unguarded, so that a new buffer (a new state, a grown capacity) re-records
+                # a graph rather than recompiling.
+                torch._dynamo.mark_static_address(t, guard=False)
+            elif hasattr(t, "_dynamo_static_input_type"):
+                del t._dynamo_static_input_type
         super().__init__(layers=[_StaticLayer(self, i, sliding) for i, sliding in enumerate(layer_kinds)])
 
     @classmethod
-    def of(cls, fc: ForwardCache, layer_kinds: list[bool], write_at: torch.Tensor) -> "StaticStepCache":
-        """The step cache of the buffer ``fc`` writes into (made once per buffer), writing at ``write_at``."""
+    def of(cls, fc: ForwardCache, layer_kinds: list[bool], write_at: torch.Tensor,
+           static: bool = True) -> "StaticStepCache":
+        """The step cache of the buffer ``fc`` writes into (made once per buffer), writing at ``write_at``.
+
+        ``static`` marks the buffer's tensors as static addresses (for CUDA graphs). It
+        must be False where inductor freezes the step: there a static tensor becomes a
+        constant of the compiled graph, and every later buffer would be read and written
+        as the one the step was compiled with.
+        """
         buf = fc._buffer
-        if buf.static is None:
-            buf.static = cls(buf, layer_kinds, write_at)
+        if buf.static is None or buf.static.static != static:
+            buf.static = cls(buf, layer_kinds, write_at, static)
         buf.static.write_at = write_at
         return buf.static
 

@@ -234,10 +234,11 @@ class Transformers:
             low = torch.finfo(self.dtype).min
             as_bias = lambda m: torch.zeros(m.shape, dtype=self.dtype, device=self.device).masked_fill(~m, low)  # noqa: E731
             masks = {k: as_bias(m) for k, m in masks.items()} if isinstance(masks, dict) else as_bias(masks)
-        cache = StaticStepCache.of(fc, self.kinds, write_at)
         # Inductor's options only where given: patching its config costs on every step.
         options = torch._inductor.config.patch(self._inductor) if self._inductor else contextlib.nullcontext()
         with torch.inference_mode(), options:
+            # Frozen, only the weights are constants: the KV buffers stay the step's inputs.
+            cache = StaticStepCache.of(fc, self.kinds, write_at, static=not torch._inductor.config.freezing)
             # A copy: a CUDA graph's outputs live in its pool, and its next replay writes there.
             return self.compiled(input_ids, query, masks, cache, slots[n_real - 1 : n_real]).clone()
 
