@@ -116,3 +116,16 @@ def test_inductor_options_freeze_the_weights_and_keep_the_outputs():
     assert not torch._inductor.config.freezing  # set around the compiled calls only
     with pytest.raises(ValueError, match="no_such_option"):
         models.transformers(hf, tok, compile={"no_such_option": True})
+
+
+def test_a_frozen_step_reads_the_cache_of_the_state_it_continues():
+    """Frozen, only the weights are constants: after one prompt, another (of another length) gets eager's tokens."""
+    hf, tok = build_arch("llama", max_position_embeddings=256)
+    eager = continuous(generate.text(models.transformers(hf, tok)))
+    frozen = continuous(generate.text(models.transformers(hf, tok, compile={"freezing": True})))
+    first, other = PROMPTS
+    assert list(frozen(first, max_tokens=4)) == list(eager(first, max_tokens=4))  # compiled on this state's buffer
+    for _ in range(2):  # a new state's buffer, of the same capacity: the same compiled step
+        out, ref = frozen(other, max_tokens=8), eager(other, max_tokens=8)
+        assert str(out) == str(ref) and torch.equal(out.token_ids, ref.token_ids)
+        assert torch.allclose(out.weights, ref.weights, atol=1e-3)
