@@ -5,6 +5,7 @@ import re
 import pytest
 import torch
 from support.models import build_arch
+from support.states import real_ids
 
 from continuous import continuous, generate, models
 from continuous.heal import HealMatcher, heal_length, token_strings
@@ -16,10 +17,6 @@ PROMPTS = ["Visit https://www.exa", "The quick bro", "Il était une foi", "Le ca
 def model(request):
     hf, tok = build_arch(request.param)
     return models.transformers(hf, tok)
-
-
-def real_ids(state):
-    return state.token_ids[0][state.attention_mask[0].bool()].tolist()
 
 
 def test_healed_text_starts_with_the_prompt_and_its_first_token_is_canonical(model):
