@@ -1,5 +1,6 @@
 """The Makefile: which Python makes the environment, and how torch is installed (never CUDA by accident)."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -56,7 +57,6 @@ def test_test_latest_takes_the_newest_releases_in_an_environment_of_its_own():
     assert "constraints.txt" not in plan and ".venv-latest/bin/python -m pytest -q -m \"not slow\"" in plan
     tested = _pins(ROOT / "constraints.txt")["torch"]
     assert "--upgrade" in plan and f'"torch=={tested}"' in plan  # the tested torch: a local wheel first
-    assert "make test-latest ||" in (ROOT / ".ci" / "run").read_text()  # CI does not fail on it
 
 
 def test_the_llama_cpp_extra_is_built_once_from_the_tested_pin_and_never_by_the_demo(tmp_path):
@@ -70,6 +70,44 @@ def test_the_llama_cpp_extra_is_built_once_from_the_tested_pin_and_never_by_the_
     install = next(line for line in plan.splitlines() if "[test,llamacpp]" in line)
     assert "--find-links" in install and "-c constraints.txt" in install
     demo = make("-n", "demo", f"VENV={tmp_path / 'venv'}").replace(str(tmp_path), "TMP")
-    assert "llama" not in demo and "wheel" not in demo
-    run = (ROOT / ".ci" / "run").read_text()
-    assert run.index("make llamacpp") < run.index("make test\n")
+    assert "pip wheel" not in demo and "llamacpp" not in demo and "/wheels" not in demo
+
+
+def test_test_runs_all_but_the_benchmarks_and_names_the_slowest_tests():
+    assert '-m pytest -q --durations=25 -m "not bench"' in make("-n", "test")
+    assert '-m pytest -q --durations=25 -m bench' in make("-n", "test-bench")
+    # The fast tier reads llama-cpp-python's sdist (real tokenizers): install fetches it, so tests run offline.
+    for target in ("install", "test-latest"):
+        assert "llama_cpp_sdist()" in make("-n", target, "VENV=/nonexistent")
+
+
+def ci(tmp_path, total: int, fail: str = "") -> subprocess.CompletedProcess:
+    """.ci/run with a fake ``make`` on the PATH that logs its target and fails on ``fail``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "make"
+    fake.write_text(f'#!/bin/sh\necho "$1 ${{CONTINUOUS_REQUIRE:-}}" >> {tmp_path / "log"}\n'
+                    f'[ "$1" != "{fail}" ]\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "CI_TOTAL": str(total)}
+    return subprocess.run([str(ROOT / ".ci" / "run")], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_ci_runs_its_stages_in_order_and_only_blocking_ones_fail_it(tmp_path):
+    done = ci(tmp_path, 2400, fail="test-latest")
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "log").read_text().split("\n")
+    # The llama.cpp tests are expected (not skipped) once the extra is built.
+    assert log == ["test-latest ", "llamacpp ", "test llamacpp", "test-bench llamacpp", ""]
+    assert "stage 'test-latest' failed" in done.stderr
+    (tmp_path / "log").unlink()
+    done = ci(tmp_path, 2400, fail="test")
+    assert done.returncode != 0 and "stage 'test' failed" in done.stderr
+    assert (tmp_path / "log").read_text().split() == ["test-latest", "llamacpp", "test", "llamacpp"]
+
+
+def test_ci_refuses_a_blocking_stage_it_has_no_time_left_for(tmp_path):
+    done = ci(tmp_path, 30)
+    assert done.returncode != 0
+    assert "stage 'test-latest' not run" in done.stderr and "stage 'llamacpp' not run" in done.stderr
+    assert not (tmp_path / "log").exists()
