@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.extras import need
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -269,7 +270,7 @@ def test_cpu_benchmark_runs_llamacpp_on_the_same_weights():
 @pytest.mark.real
 @bench()
 def test_llamacpp_gives_the_servers_greedy_outputs_and_prefills_no_more_of_the_chat():
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install continuous[llamacpp]")
+    need("llama_cpp", "llamacpp")
     from support.llamacpp import llama_server
 
     if llama_server() is None:
