@@ -265,7 +265,8 @@ def open_stream(server, max_tokens: int) -> http.client.HTTPConnection:
 def test_a_full_queue_answers_429_and_a_client_gone_mid_stream_frees_its_row(small_server):
     client = small_server.client()
     room = client.models.list().data[0].max_model_len - 16
-    full = client.completions.create(model=NAME, prompt="Order #1", max_tokens=room, temperature=0)
+    full = client.with_options(timeout=TIMEOUT * 4).completions.create(model=NAME, prompt="Order #1",  # a long one
+                                                                       max_tokens=room, temperature=0)
     assert full.choices[0].finish_reason == "length"  # left alone, the stream below runs `room` steps
     before = small_server.wait_idle()["stats"]
     conn = open_stream(small_server, room)
@@ -287,7 +288,8 @@ def test_a_full_queue_answers_429_and_a_client_gone_mid_stream_frees_its_row(sma
 def test_a_client_gone_before_a_whole_answer_cancels_its_call(small_server):
     client = small_server.client()
     room = client.models.list().data[0].max_model_len - 16
-    full = client.completions.create(model=NAME, prompt="Order #1", max_tokens=room, temperature=0)
+    full = client.with_options(timeout=TIMEOUT * 4).completions.create(model=NAME, prompt="Order #1",  # a long one
+                                                                       max_tokens=room, temperature=0)
     assert full.choices[0].finish_reason == "length"  # left alone, the call below runs `room` steps
     before = small_server.wait_idle()["stats"]
     where = urlparse(small_server.url)

@@ -23,9 +23,8 @@ from continuous.serve import build_app
 from continuous.serve.calls import Call
 
 MESSAGES = [{"role": "user", "content": "Tell me about Alice."}]
-TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a name up",
-                                           "parameters": {"type": "object", "properties": {"name": {"enum": ["Alice", "Bob"]}},
-                                                          "required": ["name"]}}}]
+LOOKUP = {"type": "object", "properties": {"name": {"enum": ["Alice", "Bob"]}}, "required": ["name"]}
+TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a name up", "parameters": LOOKUP}}]
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,8 @@ def need(module: str, extra: str):
     try:
         return importlib.import_module(module)
     except (ImportError, OSError, RuntimeError) as exc:
-        why = f"{module} cannot be imported ({type(exc).__name__}: {exc}): pip install continuous[{extra}] (or make {extra})"
+        why = (f"{module} cannot be imported ({type(exc).__name__}: {exc}): "
+               f"pip install continuous[{extra}] (or make {extra})")
         if required(extra):
             pytest.fail(f"CONTINUOUS_REQUIRE names {extra}, but {why}", pytrace=False)
         pytest.skip(why, allow_module_level=True)
