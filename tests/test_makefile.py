@@ -13,13 +13,14 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make
 
 
 def make(*args):
-    return subprocess.run(["make", "-s", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout
+    return subprocess.run(["make", "-s", "-C", str(ROOT), *args], capture_output=True, text=True, check=True,
+                          timeout=120).stdout
 
 
 def test_the_environment_is_made_with_a_python_of_at_least_3_10():
     python = make("python").strip()
     version = subprocess.run([python, "-c", "import sys; print(sys.version_info[:2] >= (3, 10))"],
-                             capture_output=True, text=True, check=True).stdout
+                             capture_output=True, text=True, check=True, timeout=120).stdout
     assert version.strip() == "True"
     assert make("python", f"PYTHON={sys.executable}").strip() == sys.executable
 

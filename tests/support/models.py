@@ -251,7 +251,7 @@ def llama_cpp_sdist() -> Path:
     if not found:
         sdists.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                        "-d", str(sdists), _SDIST], check=True)
+                        "-d", str(sdists), _SDIST], check=True, timeout=300)  # within a test's 600 s
         found = sorted(sdists.glob("llama_cpp_python-*.tar.gz"))
     return found[-1]
 
