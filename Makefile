@@ -24,8 +24,11 @@ CORES := $(shell nproc 2>/dev/null || echo 2)
 LATEST := .venv-latest
 LATEST_PY := $(LATEST)/bin/python
 LATEST_PIP := $(LATEST_PY) -m pip install --quiet --disable-pip-version-check --upgrade --upgrade-strategy eager
+# The files the fast tier reads (llama-cpp-python's pinned sdist, for real tokenizers'
+# vocab-only files), fetched by install into ~/.cache/continuous, so that tests run offline.
+FETCH_TEST_FILES = PYTHONPATH=tests $(1) -c 'from support.models import llama_cpp_sdist; llama_cpp_sdist()'
 
-.PHONY: demo demo-toy demo-swarm test test-fast test-latest test-clients constraints docs install llamacpp clean python
+.PHONY: demo demo-toy demo-swarm test test-fast test-bench test-latest test-clients constraints docs install llamacpp clean python
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "no Python >= 3.10 on the PATH: install one, or give PYTHON=/path/to/python"; exit 1; }
@@ -35,6 +38,7 @@ $(STAMP): $(PY) pyproject.toml $(CONSTRAINTS)
 	$(PIP) --upgrade pip
 	$(PIP) --no-index --no-deps "$(TORCH)" 2>/dev/null || $(PIP) "$(TORCH)" --index-url "$(TORCH_INDEX)"
 	$(PIP) -e ".[test]" -c $(CONSTRAINTS)
+	$(call FETCH_TEST_FILES,$(PY))
 	touch $(STAMP)
 
 $(DOCS_STAMP): $(STAMP)
@@ -66,12 +70,18 @@ demo-toy: $(STAMP)
 demo-swarm: $(STAMP)
 	$(PY) -m continuous.demo --swarm
 
+# Everything but the benchmarks' smoke runs (make test-bench), the slowest tests named at the end.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25 -m "not bench"
 
-# The unit tests alone: no examples, benchmarks, compilation, real architectures, real model or swarm.
+# The unit tests alone: no examples, benchmarks, compilation, real architectures, real model,
+# swarm or server subprocesses. Offline once `make install` has run.
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+# The benchmarks' smoke runs (each bounded in time; --quick figures, never timed).
+test-bench: $(STAMP)
+	$(PY) -m pytest -q --durations=25 -m bench
 
 # The fast tier against the newest releases pyproject.toml allows (constraints.txt left
 # out), in $(LATEST): a failure there is a release that breaks us, not our change, and
@@ -84,6 +94,7 @@ test-latest:
 	$(LATEST_PIP) --no-index --no-deps "$(TORCH)" 2>/dev/null || $(LATEST_PIP) "$(TORCH)" --index-url "$(TORCH_INDEX)"
 	$(LATEST_PY) -c 'import torch; print("torch==" + torch.__version__)' > $(LATEST)/torch.txt
 	$(LATEST_PIP) -e ".[test]" -c $(LATEST)/torch.txt
+	$(call FETCH_TEST_FILES,$(LATEST_PY))
 	$(LATEST_PY) -m pip list --format=freeze | grep -i -E '^(torch|transformers|llguidance|outlines|outlines.core|tokenizers|pydantic|jsonschema)=='
 	$(LATEST_PY) -m pytest -q -m "not slow"
 

@@ -24,3 +24,10 @@ def model(hf_model, tokenizer):
 def _deterministic():
     torch.manual_seed(0)
     yield
+
+
+def pytest_collection_modifyitems(items):
+    # A benchmark's smoke run is slow too: `-m "not slow"` leaves it out with the rest.
+    for item in items:
+        if item.get_closest_marker("bench"):
+            item.add_marker(pytest.mark.slow)

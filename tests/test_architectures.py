@@ -11,6 +11,7 @@ shorter than the contexts, so they matter.
 import pytest
 import torch
 from support.models import ARCHITECTURES, build_arch, hf_greedy, real_tokenizer
+from support.states import real_ids
 
 from continuous import PromptLookup, continuous, generate, models
 
@@ -23,10 +24,6 @@ PROMPT = "Le café coûte 3 € — très cher! Naïve façade, 東京 and emoji
 def arch(request):
     hf, tok = build_arch(request.param)
     return request.param, hf, tok, models.transformers(hf, tok)
-
-
-def real_ids(state, row=0):
-    return state.token_ids[row][state.attention_mask[row].bool()].tolist()
 
 
 def assert_continues_like_hf(hf, gen, state, n=6):

@@ -7,6 +7,7 @@ import regex
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.states import assert_equivalent, real_ids
 
 from continuous import BanExhausted, continuous, generate, samplers
 from continuous.ban import BanList
@@ -137,10 +138,6 @@ def test_bad_ban_lists_are_refused(bad, error):
 
 
 # ------------------------------------------------------------------ in the decoding loop
-def real_ids(state, row=0):
-    return state.token_ids[row][state.attention_mask[row].bool()].tolist()
-
-
 def banned_from_a_free_run(model, prompt, n=3):
     free = continuous(generate.text(model))(prompt, max_tokens=24).value
     words = [w for w in free.split() if len(w) >= 3]
@@ -175,7 +172,7 @@ def test_a_rewound_state_equals_its_recomputation_and_weights_are_masked_logprob
     banned, _ = banned_from_a_free_run(model, prompt)
     state = continuous(generate.text(model, ban=banned))(prompt, max_tokens=20)
     text = continuous(generate.text(model))
-    assert real_ids(text(state, max_tokens=5)) == real_ids(text(state.drop_cache(), max_tokens=5))
+    assert_equivalent(text, state, n=5)
     # Weight: each kept token's log-probability under the distribution sampled from, the
     # bans at its position applied. Greedy keeps the best token not banned there, so the
     # banned ones are exactly those above it (recomputed from scratch).

@@ -1,7 +1,9 @@
 """Smoke test of the benchmarks: each runs in --quick mode and prints its JSON line.
 
 Times are never asserted (machines here are shared and noisy); token counts are exact,
-so the bars that are counts are checked.
+so the bars that are counts are checked. The smoke runs are marked ``bench`` (``make
+test-bench`` runs them): each subprocess has a time limit shorter than its test's, so a run
+that overstays fails with the benchmark's name, not with pytest's timeout.
 """
 
 import json
@@ -10,8 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-pytestmark = pytest.mark.slow  # make test-fast leaves it out
+from support.extras import need
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -33,11 +34,31 @@ KEYS = {
 }
 
 
-def run(name):
-    proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--quick", "--reps", "1"],
-                          cwd=BENCH, capture_output=True, text=True, timeout=600)
+#: Seconds a benchmark's smoke run may take by default; its test gets a minute more.
+RUN_S = 540
+
+
+def bench(limit: int = RUN_S):
+    """Marks a smoke run of ``limit`` seconds: ``bench``, with pytest's timeout a minute past the run's."""
+    def mark(test):
+        return pytest.mark.bench(pytest.mark.timeout(limit + 60)(test))
+    return mark
+
+
+def output(command: list[str], limit: int = RUN_S) -> dict:
+    """The JSON line a benchmark prints last; it fails, naming the benchmark, past ``limit`` seconds."""
+    try:
+        proc = subprocess.run(command, cwd=BENCH, capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired as exc:
+        tail = (exc.stderr or b"").decode(errors="replace")[-2000:]
+        pytest.fail(f"{Path(command[1]).name} ran past its {limit} s; its last output:\n{tail}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run(name, *args, limit=RUN_S):
+    """``benchmarks/NAME.py --quick --reps 1``'s figures, its keys checked against :data:`KEYS`."""
+    result = output([sys.executable, str(BENCH / f"{name}.py"), "--quick", "--reps", "1", *args], limit)
     assert result["bench"] == name
     for key, keys in KEYS[name].items():
         assert key in result
@@ -49,16 +70,19 @@ def run(name):
 
 
 @pytest.mark.parametrize("name", ["constraint", "floor", "decode"])
+@bench()
 def test_benchmark_prints_its_figures(name):
     run(name)
 
 
+@bench()
 def test_multiturn_forwards_exactly_what_the_ideal_loop_does():
     result = run("multiturn")
     assert result["tokens"]["continuous"] == result["tokens"]["ideal"]
     assert result["tokens"]["outlines"] > result["tokens"]["ideal"]
 
 
+@bench()
 def test_stateops_forward_exactly_what_the_operations_leave_uncached():
     ops = run("stateops")["ops"]
     assert {op["op"] for op in ops} == {"slice", "append", "sum"}
@@ -71,22 +95,26 @@ def test_stateops_forward_exactly_what_the_operations_leave_uncached():
         assert op["expected"] <= op["bound"], op  # the bound on re-tokenization at a cut
 
 
+@bench()
 def test_backtrack_outputs_hold_no_banned_phrase_and_rewinds_forward_least():
     result = run("backtrack")
     assert result["banned_found"] == 0
     assert result["tokens"]["regenerate"] > result["tokens"]["continuous"]
 
 
+@bench()
 def test_fastforward_makes_fewer_forward_calls_for_the_same_tokens():
     calls = run("fastforward")["forward_calls"]
     assert calls["json_ff"] < calls["json"]
 
 
+@bench()
 def test_fork_forwards_the_prompt_once():
     result = run("fork")
     assert result["tokens"]["continuous"] <= result["tokens"]["expected"]
 
 
+@bench()
 def test_swarm_decodes_and_fails_over_identically():
     result = run("swarm")
     assert result["identical"] is True
@@ -133,12 +161,10 @@ def test_cpu_benchmark_reports_a_sweep_this_cpu_cannot_run_as_unavailable(monkey
     assert set(out) == {"fp32", "bf16", "fp32_packed", "fp32_no_mkldnn", "bf16_no_mkldnn", "bytes", "unavailable"}
 
 
+@bench(900)
 def test_gpu_benchmark_runs_on_the_cpu():
     """The GPU workload's smoke run (a small shape on the CPU): every section and figure present."""
-    proc = subprocess.run([sys.executable, str(BENCH / "gpu.py"), "--device", "cpu", "--quick", "--reps", "1"],
-                          cwd=BENCH, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = output([sys.executable, str(BENCH / "gpu.py"), "--device", "cpu", "--quick", "--reps", "1"], 900)
     assert result["bench"] == "gpu" and result["device"] == "cpu"
     assert set(result["decode_ms"]) == {"continuous", "continuous_compiled", "hf_dynamic", "hf_static", "floor"}
     assert all(v > 0 for k, v in result["decode_ms"].items() if k != "hf_static")  # HF's static cache needs CUDA
@@ -150,6 +176,7 @@ def test_gpu_benchmark_runs_on_the_cpu():
 
 
 @pytest.mark.real
+@bench()
 def test_real_model_chat_forwards_what_the_ideal_loop_does_and_extracts_right():
     result = run("real")
     chat, extraction = result["multiturn"], result["json"]
@@ -159,6 +186,7 @@ def test_real_model_chat_forwards_what_the_ideal_loop_does_and_extracts_right():
 
 
 @pytest.mark.real
+@bench()
 def test_speculative_extraction_keeps_the_outputs_and_drafts_from_the_message():
     result = run("speculative")
     assert result["same_outputs"]
@@ -167,6 +195,7 @@ def test_speculative_extraction_keeps_the_outputs_and_drafts_from_the_message():
     assert calls["lookup_ff"] < calls["ff"] < calls["token"]
 
 
+@bench()
 def test_jsonschema_counts_what_reaches_the_user(tmp_path):
     """Three MaskBench-shaped cases: the default path relaxes one schema, catches its invalid
     instance while decoding, and takes valid instances written in any member order."""
@@ -181,10 +210,8 @@ def test_jsonschema_counts_what_reaches_the_user(tmp_path):
     }
     for name, case in cases.items():
         (tmp_path / name).write_text(json.dumps(case))
-    proc = subprocess.run([sys.executable, str(BENCH / "jsonschema.py"), "--data", str(tmp_path), "--engines",
-                           "llguidance", "--full", "--generate", "2"], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = output([sys.executable, str(BENCH / "jsonschema.py"), "--data", str(tmp_path), "--engines",
+                     "llguidance", "--full", "--generate", "2"])
     f = result["engines"]["llguidance"]
     assert (f["compile_ok"], f["compile_relaxed"]) == (3, 2)
     assert f["valid_to_user"] == f["valid_total"] == 3 and f["valid_as_written"] == 2  # {"b", "a"}: schema order
@@ -192,6 +219,7 @@ def test_jsonschema_counts_what_reaches_the_user(tmp_path):
     assert result["generation"]["schemas"] == 2 and result["generation"]["invalid_returned"] == 0
 
 
+@bench()
 def test_serve_prefills_only_what_no_earlier_state_holds():
     result = run("serve")["models"]["small"]
     chat = result["library"]["chat"]
@@ -202,14 +230,11 @@ def test_serve_prefills_only_what_no_earlier_state_holds():
     assert all(t["cached"] >= prev["prompt"] for prev, t in zip(turns, turns[1:]))
 
 
-@pytest.mark.timeout(1800)  # a fresh process per figure, and five compiled variants
+@bench(1500)  # a fresh process per figure, and five compiled variants
 def test_cpu_benchmark_runs_every_variant_and_sweep():
     """The CPU step's smoke run: each variant decodes (compiled ones, with frozen weights and
     inductor's GEMM templates too), fp32 ones give eager's tokens, and every sweep reports."""
-    proc = subprocess.run([sys.executable, str(BENCH / "cpu.py"), "--quick", "--reps", "1"],
-                          cwd=BENCH, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = output([sys.executable, str(BENCH / "cpu.py"), "--quick", "--reps", "1"], 1500)
     assert result["bench"] == "cpu" and set(result["models"]) == {"small"}
     figures = result["models"]["small"]["1"]
     fp32 = {"compiled", "frozen", "autotune", "autotune_frozen"}
@@ -229,24 +254,23 @@ def test_cpu_benchmark_runs_every_variant_and_sweep():
 
 
 @pytest.mark.real
-@pytest.mark.timeout(1200)
+@bench(1100)
 def test_cpu_benchmark_runs_llamacpp_on_the_same_weights():
     """With llama-server built: the same greedy tokens from the F32 GGUF of SmolLM2's weights."""
     from support.llamacpp import llama_server
 
     if llama_server() is None:
         pytest.skip("llama-server is not built (python tests/support/llamacpp.py server)")
-    proc = subprocess.run([sys.executable, str(BENCH / "cpu.py"), "--quick", "--reps", "1", "--models", "smollm2",
-                           "--only", "llamacpp"], cwd=BENCH, capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    figures = json.loads(proc.stdout.strip().splitlines()[-1])["models"]["smollm2"]["1"]
+    figures = output([sys.executable, str(BENCH / "cpu.py"), "--quick", "--reps", "1", "--models", "smollm2",
+                      "--only", "llamacpp"], 1100)["models"]["smollm2"]["1"]
     assert set(figures["ms_per_token"]) == {"eager", "llamacpp_f32", "llamacpp_q4_1"} and not figures["skipped"]
     assert figures["same_as_eager"]["llamacpp_f32"]
 
 
 @pytest.mark.real
+@bench()
 def test_llamacpp_gives_the_servers_greedy_outputs_and_prefills_no_more_of_the_chat():
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install continuous[llamacpp]")
+    need("llama_cpp", "llamacpp")
     from support.llamacpp import llama_server
 
     if llama_server() is None:

@@ -24,7 +24,8 @@ def small():
     return build_tokenizer(1000)
 
 
-@pytest.fixture(scope="module", params=["llama-bpe", "qwen2", "phi-3"])
+# llama-bpe is byte-level BPE with a big vocabulary, as qwen2 is: the fast tier keeps one of them.
+@pytest.fixture(scope="module", params=[pytest.param("llama-bpe", marks=pytest.mark.slow), "qwen2", "phi-3"])
 def real(request):
     return real_tokenizer(request.param)
 

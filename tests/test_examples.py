@@ -15,16 +15,19 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # make test-fast leaves it out
-
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+RUN_S = 180  # seconds an example may run; its test gets a minute more
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(RUN_S + 60)]  # make test-fast leaves it out
 
 
 def run(name: str, *args: str) -> str:
     # The package of this checkout, not whichever one the environment has installed.
     path = os.pathsep.join(filter(None, [str(EXAMPLES.parent), os.environ.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, str(EXAMPLES / name), "--quick", *args], capture_output=True, text=True,
-                          timeout=180, cwd=EXAMPLES.parent, env={**os.environ, "PYTHONPATH": path})
+    try:
+        done = subprocess.run([sys.executable, str(EXAMPLES / name), "--quick", *args], capture_output=True,
+                              text=True, timeout=RUN_S, cwd=EXAMPLES.parent, env={**os.environ, "PYTHONPATH": path})
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"examples/{name} ran past its {RUN_S} s")
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 

@@ -5,6 +5,7 @@ import re
 import pytest
 import torch
 from support.models import build_arch
+from support.states import real_ids
 
 from continuous import continuous, generate, models
 from continuous.heal import HealMatcher, heal_length, token_strings
@@ -12,14 +13,11 @@ from continuous.heal import HealMatcher, heal_length, token_strings
 PROMPTS = ["Visit https://www.exa", "The quick bro", "Il était une foi", "Le café est cha"]
 
 
-@pytest.fixture(scope="module", params=["llama", "mistral", "qwen2", "phi3"])
+# Llama 3's vocabulary is byte-level BPE and big, as Qwen2's is: the fast tier keeps one of them.
+@pytest.fixture(scope="module", params=[pytest.param("llama", marks=pytest.mark.slow), "mistral", "qwen2", "phi3"])
 def model(request):
     hf, tok = build_arch(request.param)
     return models.transformers(hf, tok)
-
-
-def real_ids(state):
-    return state.token_ids[0][state.attention_mask[0].bool()].tolist()
 
 
 def test_healed_text_starts_with_the_prompt_and_its_first_token_is_canonical(model):
@@ -107,7 +105,8 @@ def test_stop_strings_and_bans_do_not_match_the_healed_text(model):
     assert str(banned).startswith(prompt)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])  # no BOS: the prompt's token is the row's only one
+# No BOS: the prompt's token is the row's only one.
+@pytest.mark.parametrize("arch", [pytest.param("llama", marks=pytest.mark.slow), "qwen2", "gpt2"])
 def test_a_one_token_prompt_without_bos_is_not_healed_away(arch):
     hf, tok = build_arch(arch)
     model = models.transformers(hf, tok)

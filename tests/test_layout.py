@@ -5,6 +5,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from support.models import real_tokenizer
+from support.states import assert_equivalent
 
 from continuous import continuous, generate
 from continuous.layout import Rows, Text, encode, interior_holes, retokenize
@@ -80,7 +81,7 @@ def test_alternating_long_and_short_turns_keep_slots_near_tokens(model):
         # Holes of the cached part are squeezed out at each call: the grid is the longest
         # row's tokens plus this call's new ones, not the history of both rows.
         assert state.token_ids.shape[1] <= before + 1.125 * new + 3 + 2
-    assert real_ids(gen(state, max_tokens=4), 1) == real_ids(gen(state.drop_cache(), max_tokens=4), 1)
+    assert_equivalent(gen, state, n=4)
 
 
 def test_compaction_keeps_every_row_and_its_cache(model):
@@ -90,21 +91,13 @@ def test_compaction_keeps_every_row_and_its_cache(model):
     state = gen(state, max_tokens=2)
     state = state + [" " + "z " * 40, ""]
     assert interior_holes(state.attention_mask)
-    out = gen(state, max_tokens=5)
-    ref = gen(state.drop_cache(), max_tokens=5)
-    assert list(out) == list(ref)
-    for r in range(2):
-        assert real_ids(out, r) == real_ids(ref, r)
+    assert_equivalent(gen, state, n=5)
 
 
 def test_interior_holes():
     assert not interior_holes(torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]]))
     assert interior_holes(torch.tensor([[0, 1, 0, 1], [1, 1, 1, 1]]))
     assert not interior_holes(torch.tensor([[1, 1, 0, 0]]))  # trailing holes: nothing after them
-
-
-def real_ids(state, row=0):
-    return state.token_ids[row][state.attention_mask[row].bool()].tolist()
 
 
 def _plain_chars(text) -> set[int]:

@@ -20,6 +20,10 @@ import regex
 from gguf import GGUFReader
 from support.models import GGUF_VOCABS, llama_cpp_vocab_file, real_tokenizer
 
+# They check the test tools' conversion of GGUF vocabularies (support.models), on long texts
+# and in plain Python: slow, and needed only when that conversion changes.
+pytestmark = pytest.mark.slow
+
 GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 # llama.cpp's src/llama-vocab.cpp: the regular expressions of each pre-tokenizer name, and
 # whether a piece that is one token of the vocabulary skips the merges (ignore_merges).

@@ -6,8 +6,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
-from invariants import assert_equivalent
 from support.models import build_llama
+from support.states import all_real_ids, assert_equivalent
 
 from continuous import (
     BatchMismatch,
@@ -244,10 +244,6 @@ def test_any_sequence_of_operations_matches_recomputing(model, ops, batch):
     assert_equivalent(gen, state, n=4)
 
 
-def _ids(state):
-    return [state._rows.real_ids(r) for r in range(state._rows.n_rows)]
-
-
 def _common(a, b) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
@@ -261,7 +257,7 @@ def _held_after(op, arg, before, out, held):
     selection keeps the selected rows.
     """
     if op == "gen":
-        return [ids[:-1] for ids in _ids(out)]
+        return [ids[:-1] for ids in all_real_ids(out)]
     if op == "slice_from":  # from character 0 of every row (all empty), the state is kept as it is
         return [[] for _ in held] if any(list(before)) else held
     if op == "rows" and before.batch_size > 1:
@@ -270,7 +266,7 @@ def _held_after(op, arg, before, out, held):
 
 
 def _generated(state, out):
-    counts = [len(b) - len(a) for a, b in zip(_ids(state), _ids(out))]
+    counts = [len(b) - len(a) for a, b in zip(all_real_ids(state), all_real_ids(out))]
     # A row that stopped (EOS) before the others may have its last token forwarded in
     # the batch's next step: the operations alone cannot say, so such runs are skipped.
     assume(len(set(counts)) == 1)
@@ -289,7 +285,7 @@ def test_no_waste(model, ops):
     gen = continuous(generate.text(model))
     state = gen(PROMPTS[:2], max_tokens=3)
     _generated(gen(PROMPTS[:2], max_tokens=0), state)
-    held = [ids[:-1] for ids in _ids(state)]
+    held = [ids[:-1] for ids in all_real_ids(state)]
     for op, arg in ops:
         new = apply(op, arg, state, gen)
         if op == "gen":
@@ -297,8 +293,8 @@ def test_no_waste(model, ops):
         held = _held_after(op, arg, state, new, held)
         state = new
     # A row whose ids are all held still forwards its last token: its logits are gone.
-    lacking = [len(ids) - min(_common(ids, h), len(ids) - 1) for ids, h in zip(_ids(state), held)]
-    assert all(n <= len(ids) for n, ids in zip(lacking, _ids(state)))
+    lacking = [len(ids) - min(_common(ids, h), len(ids) - 1) for ids, h in zip(all_real_ids(state), held)]
+    assert all(n <= len(ids) for n, ids in zip(lacking, all_real_ids(state)))
     before = model.stats.tokens_forwarded
     out = gen(state, max_tokens=4)
     generated = _generated(state, out)

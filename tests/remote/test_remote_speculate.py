@@ -5,6 +5,7 @@ import collections
 import pytest
 from pydantic import BaseModel, Field
 from support.models import build_llama
+from support.states import real_ids
 
 from continuous import PromptLookup, continuous, generate, models
 from continuous.decode.speculate import DraftModel
@@ -44,10 +45,6 @@ def server_steps(monkeypatch):
 
     monkeypatch.setattr(ServerSession, "step_async", counted)
     return counts
-
-
-def real_ids(state, row=0):
-    return state.token_ids[row][state.attention_mask[row].bool()].tolist()
 
 
 GENERATORS = {"text": lambda m: generate.text(m), "json": lambda m: generate.json(m, Item, whitespace_pattern="")}

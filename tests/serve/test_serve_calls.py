@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.streams import read_to_end
 
 from continuous import continuous, generate, samplers
 from continuous.serve.calls import FINISH, RequestError, Served, _safe, _without_stop
@@ -81,7 +82,7 @@ def test_a_streamed_call_gives_each_row_its_whole_text_and_one_reason(model, n):
     stop = [t for row in free.value for t in (row if n > 1 else [row])][0][3:5]
     body = request(temperature=0, stop=[stop], n=n)
     whole = served.call(prompts, body, 10, None, "prompt")
-    state = asyncio.run(_drain(whole.astream()))
+    state = asyncio.run(read_to_end(whole.astream()))
     rows = whole.rows(state)
     steps = run_stream(served.call(prompts, body, 10, None, "prompt"))
     assert len(rows) == 2 * n and all(len(step) == 2 * n for step in steps)
@@ -92,16 +93,10 @@ def test_a_streamed_call_gives_each_row_its_whole_text_and_one_reason(model, n):
     assert rows[0].finish_reason == "stop"
 
 
-async def _drain(stream):
-    async for _ in stream:
-        pass
-    return stream.state
-
-
 def test_rows_count_the_generated_tokens(model):
     served = Served(model, "m", 4)
     call = served.call(["Order #1", "User: hi"], request(temperature=0), 7, 0, "prompt")
-    rows = call.rows(asyncio.run(_drain(call.astream())))
+    rows = call.rows(asyncio.run(read_to_end(call.astream())))
     assert [row.tokens for row in rows] == [len(row.logprobs) for row in rows]
     assert all(row.tokens <= 7 for row in rows)
     assert all(row.finish_reason == "length" for row in rows if row.tokens == 7)

@@ -12,9 +12,10 @@ def test_help_and_arguments_need_neither_torch_nor_fastapi():
     code = ("import sys; from continuous.serve.__main__ import parse_args; "
             "a = parse_args(['m', '--port', '9', '--prefix-cache', '512MB', '--max-queue', '3']); "
             "print(a.model, a.port, a.prefix_cache, a.max_queue, 'torch' in sys.modules, 'fastapi' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
     assert out.split() == ["m", "9", "512MB", "3", "False", "False"]
-    shown = subprocess.run([sys.executable, "-m", "continuous.serve", "--help"], capture_output=True, text=True)
+    shown = subprocess.run([sys.executable, "-m", "continuous.serve", "--help"], capture_output=True, text=True,
+                           timeout=120)
     assert shown.returncode == 0 and "--prefix-cache" in shown.stdout and "--max-queue" in shown.stdout
 
 

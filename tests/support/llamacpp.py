@@ -57,7 +57,7 @@ def f32_gguf(folder: Path) -> Path:
     part = out.with_name(f"{out.name}.{os.getpid()}.part")
     env = dict(os.environ, PYTHONPATH=str(source / "gguf-py"))
     subprocess.run([sys.executable, str(source / "convert_hf_to_gguf.py"), str(folder), "--outtype", "f32",
-                    "--outfile", str(part)], check=True, env=env, capture_output=True)
+                    "--outfile", str(part)], check=True, env=env, capture_output=True, timeout=300)
     part.replace(out)
     return out
 

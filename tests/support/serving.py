@@ -17,6 +17,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from support.waiting import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 #: A chat template for the test models (they have none): roles in markers, turns ending with EOS.
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
@@ -45,11 +47,8 @@ class Server:
 
     def wait_idle(self, timeout: float = 30.0) -> dict:
         """The health once no request is in flight (fails after ``timeout`` seconds)."""
-        deadline = time.monotonic() + timeout
-        while (health := self.health())["in_flight"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert health["in_flight"] == 0, health
-        return health
+        return wait_until(lambda: (health := self.health())["in_flight"] == 0 and health,
+                          "no request in flight", timeout, every=0.05)
 
 
 def save_chat_model(path: Path, size: str = "tiny", context: int = 512) -> Path:
