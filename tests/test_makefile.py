@@ -90,15 +90,10 @@ def ci(tmp_path, total: int, fail: str = "") -> subprocess.CompletedProcess:
     fake.write_text(f'#!/bin/sh\necho "$1 ${{CONTINUOUS_REQUIRE:-}}" >> {tmp_path / "log"}\n'
                     f'[ "$1" != "{fail}" ]\n')
     fake.chmod(0o755)
-    # The llama-server stage runs .venv/bin/python: a copy of the checkout whose .venv has a fake python too.
     checkout = tmp_path / "checkout"
     (checkout / ".ci").mkdir(parents=True, exist_ok=True)
     (checkout / ".ci" / "run").write_bytes((ROOT / ".ci" / "run").read_bytes())
     (checkout / ".ci" / "run").chmod(0o755)
-    (checkout / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
-    python = checkout / ".venv" / "bin" / "python"
-    python.write_text(f'#!/bin/sh\necho "llama-server" >> {tmp_path / "log"}\n')
-    python.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "CI_TOTAL": str(total)}
     return subprocess.run([str(checkout / ".ci" / "run")], capture_output=True, text=True, env=env, timeout=60)
 
@@ -108,7 +103,8 @@ def test_ci_runs_its_stages_in_order_and_only_blocking_ones_fail_it(tmp_path):
     assert done.returncode == 0, done.stderr
     log = (tmp_path / "log").read_text().split("\n")
     # Blocking stages first; the llama.cpp tests are expected (not skipped) once the extra is built.
-    assert log == ["llamacpp ", "test llamacpp", "test-latest ", "llama-server", "test-bench llamacpp", ""]
+    assert log == ["llamacpp ", "test llamacpp", "test-latest ", "llama-server llamacpp", "test-bench llamacpp",
+                   "test-clients llamacpp", ""]
     assert "stage 'test-latest' failed" in done.stderr
     (tmp_path / "log").unlink()
     done = ci(tmp_path, 2400, fail="test")

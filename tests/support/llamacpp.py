@@ -65,14 +65,16 @@ def f32_gguf(folder: Path) -> Path:
 def llama_server(build: bool = False) -> Path | None:
     """The ``llama-server`` binary built from the same sources (``None`` if not built and ``build`` is false).
 
-    Built for this CPU (``GGML_NATIVE``), without CURL, tests or examples.
+    Built with the CPU options in ``CMAKE_ARGS`` (``make llama-server`` gives the wheel's; by
+    default for this CPU, ``GGML_NATIVE``), without CURL, tests or examples.
     """
     source = llama_cpp_source()
     binary = source / "build" / "bin" / "llama-server"
     if binary.exists() or not build:
         return binary if binary.exists() else None
     subprocess.run(["cmake", "-S", str(source), "-B", str(source / "build"), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DGGML_NATIVE=ON"], check=True)
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    *os.environ.get("CMAKE_ARGS", "-DGGML_NATIVE=ON").split()], check=True)
     subprocess.run(["cmake", "--build", str(source / "build"), "--target", "llama-server",
                     "-j", str(os.cpu_count() or 2)], check=True)
     return binary
