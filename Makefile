@@ -58,7 +58,7 @@ llamacpp: $(LLAMACPP_STAMP)
 
 $(LLAMACPP_STAMP): $(STAMP)
 	ls "$(WHEELS)"/llama_cpp_python-$(lastword $(subst ==, ,$(LLAMACPP)))-*.whl >/dev/null 2>&1 || \
-		CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$(CORES) $(PY) -m pip wheel --quiet --no-deps --wheel-dir "$(WHEELS)" "$(LLAMACPP)"
+		CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$(CORES) $(PY) -m pip wheel --quiet --no-cache-dir --no-deps --wheel-dir "$(WHEELS)" "$(LLAMACPP)"
 	$(PIP) --find-links "$(WHEELS)" -e ".[test,llamacpp]" -c $(CONSTRAINTS)
 	touch $(LLAMACPP_STAMP)
 
