@@ -13,6 +13,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .decode import Decoding, Generation, Options
+from .decode.loop import drive
+from .models.engine import DONE
+from .models.table import ALL, PIECE, READY
 from .generate.base import SequenceGenerator, make
 from .generate.types import json_or_text, parser_of
 from .layout import Rows
@@ -222,7 +225,7 @@ class ContinuousGenerator:
 
     @_call_arguments
     async def acall(self, prompt, arguments: dict) -> SequenceState:
-        """``__call__`` for asyncio: each step runs in a worker thread, off the event loop.
+        """``__call__`` for asyncio: the model's engine runs the steps, off the event loop.
 
         Cancelling the task stops the generation after the step under way; the input
         state is unchanged and usable."""
@@ -230,14 +233,15 @@ class ContinuousGenerator:
 
     @_call_arguments(partial=False)
     def astream(self, prompt, arguments: dict) -> AsyncStream:
-        """``stream`` for asyncio: ``async for piece in gen.astream(...)``, each step in a worker
-        thread; its ``state`` is the state so far, as for :meth:`stream`."""
+        """``stream`` for asyncio: ``async for piece in gen.astream(...)``, the steps run by the
+        model's engine; its ``state`` is the state so far, as for :meth:`stream`."""
         return AsyncStream(self.stream(prompt, **arguments))
 
     def _stream(self, prompt, arguments: dict, partial: bool = False) -> Stream:
         """Check a call's arguments (now, not when the steps run) and return its steps."""
         model, generator = self.generator.model, self.generator
-        rows, weights, batch_size, samples_in = self._rows_of(generator.opened(prompt))
+        prompt = generator.opened(prompt)
+        rows, weights, batch_size, samples_in = self._rows_of(prompt)
         options = Options.from_call(generator, samples_in, self.fast_forward, **arguments)
         samples = options.sampler.samples
 
@@ -251,11 +255,17 @@ class ContinuousGenerator:
                 start_rows, scores = scorer(model, rows, options.fork)
             return Decoding(model, start_rows, weights.reshape(-1), generator.constraint, options)
 
+        def initial() -> SequenceState:
+            """The input, for a call that ended before its rows were prepared."""
+            if isinstance(prompt, SequenceState):
+                return prompt
+            return SequenceState(model, rows, weights, batch_size, samples_in, parse=generator.parse)
+
         def state(result: Generation, final: bool = False) -> SequenceState:
             texts = result.texts
             if result.complete is not None:
                 texts = [t if t is None or whole else CutShort(t) for t, whole in zip(texts, result.complete)]
-            if final and hasattr(result.rows.cache, "settle"):
+            if final and result.rows.cache is not None:
                 # A call that shared forwards ends with its own buffer: its state does not
                 # hold the other calls' rows.
                 result.rows.cache.settle()
@@ -271,7 +281,13 @@ class ContinuousGenerator:
             return shape_rows(items, batch_size, samples)
 
         pieces = PartialValues(generator, shape) if partial else lambda p: shape(tag([t or "" for t in p]))
-        return Stream(start, state, pieces, options.sampler, model.scheduler.executor, last_value=partial)
+        n_rows = rows.n_rows * options.fork
+        longest = int(rows.attention_mask.sum(1).max())
+        tokens = min(model.max_length, longest + (model.max_length if options.max_tokens is None else options.max_tokens))
+        engine = getattr(model, "engine", None)
+        if engine is not None:
+            engine.check(n_rows, tokens)  # a call that could never be admitted is refused now
+        return Stream(start, state, pieces, options.sampler, model, initial, (n_rows, tokens), last_value=partial)
 
     def _rows_of(self, prompt) -> tuple[Rows, torch.Tensor, int, int]:
         model = self.generator.model
@@ -306,16 +322,47 @@ class Stream:
 
     Iterating it ends with ``StopIteration`` whose ``value`` is the final state, as a
     generator's return value. With ``last_value``, the final state's ``value`` is the last item.
+
+    The call runs on its model's engine (:mod:`continuous.models.engine`), which steps it
+    with the other calls on the model; a model without one (a swarm's) runs it alone, on
+    the consumer's thread (a worker thread for the async forms).
     """
 
     def __init__(self, start: Callable[[], Decoding], state: Callable[[Generation], SequenceState],
-                 shape: Callable[[list], Any], sampler: Sampler, executor=None, last_value: bool = False):
+                 shape: Callable[[list], Any], sampler: Sampler, model, initial: Callable[[], SequenceState],
+                 size: tuple[int, int] = (0, 0), last_value: bool = False):
         self._start, self._state, self._shape, self.sampler = start, state, shape, sampler
-        self.executor, self._last_value = executor, last_value
+        self._model, self._initial, self._size, self._last_value = model, initial, size, last_value
+        self._engine = getattr(model, "engine", None)
         self._decoding: Decoding | None = None
-        self._steps = None
+        self._call = None  # the engine's call
+        self._alone = None  # the events of a call run alone (no engine)
         self._snapshot: SequenceState | None = None
         self._final: SequenceState | None = None
+
+    def _body(self):
+        """The call's coroutine: build the decoding (on the thread that steps it), then run it."""
+        self._decoding = self._start()
+        yield from self._decoding.run()
+
+    def _prepared(self) -> bool:
+        return self._decoding is not None and self._decoding.batch is not None
+
+    def _next(self, what: str):
+        """The next piece, ``READY``, or ``DONE`` (``what`` is ``PIECE``, ``READY`` or ``ALL``)."""
+        if self._engine is not None:
+            if self._call is None:
+                self._call = self._engine.submit(self._body(), *self._size)
+            return self._engine.next(self._call, what)
+        if self._alone is None:
+            self._alone = drive(self._body(), self._model)
+        for event in self._alone:
+            if event is READY:
+                if what == READY:
+                    return READY
+            elif what == PIECE:
+                return event
+        return DONE
 
     def __iter__(self) -> "Stream":
         return self
@@ -330,63 +377,82 @@ class Stream:
         """``(False, piece)`` for the next piece, or ``(True, final_state)`` once done."""
         if self._final is not None:
             return True, self._final
-        if self._steps is None:
-            self._steps = iter(self._started())
-        try:
-            pieces = next(self._steps)
-        except StopIteration:
-            self._final = self._state(self._started().result(), True)
+        return self._took(self._next(PIECE))
+
+    def _took(self, event) -> tuple[bool, Any]:
+        if event == DONE:
+            self._final = self._finished()
             if self._last_value:  # the next step finds _final and ends
                 return False, self._final.value
             return True, self._final
         self._snapshot = None
-        return False, self._shape(pieces)
+        return False, self._shape(event)
+
+    def _finished(self) -> SequenceState:
+        return self._state(self._decoding.result(), True) if self._prepared() else self._initial()
 
     def run(self) -> SequenceState:
         """Every step; the final state."""
-        while True:
-            done, item = self.step()
-            if done:
-                return item
+        if self._final is None:
+            self._next(ALL)
+            self._final = self._finished()
+        return self._final
 
     async def arun(self) -> SequenceState:
-        """:meth:`run` in one worker thread. Cancelled, the generation stops after the step under
-        way, and ``state`` keeps it."""
+        """:meth:`run` for asyncio. Cancelled, the generation stops at the engine's next step
+        (or the next chunk of its prefill), and ``state`` keeps it."""
+        if self._final is not None:
+            return self._final
+        if self._engine is None:
+            return await self._in_worker(self.run)
+        if self._call is None:
+            self._call = self._engine.submit(self._body(), *self._size)
+        try:
+            await self._engine.anext(self._call, ALL)
+        except asyncio.CancelledError:
+            await self._aclosed()
+            raise
+        self._final = self._finished()
+        return self._final
+
+    async def astep(self, keep_yielded: bool = False) -> tuple[bool, Any]:
+        """:meth:`step` for asyncio. Cancelled, the generation stops at the engine's next step;
+        ``keep_yielded``: the state then leaves out a step whose piece was never yielded."""
+        if self._final is not None:
+            return True, self._final
+        if self._engine is None:
+            return await self._in_worker(self.step, keep_yielded)
+        if keep_yielded and self._prepared():
+            self.state  # noqa: B018 - kept as the snapshot: what the consumer has seen
+        if self._call is None:
+            self._call = self._engine.submit(self._body(), *self._size)
+        try:
+            event = await self._engine.anext(self._call, PIECE)
+        except asyncio.CancelledError:
+            await self._aclosed()
+            raise
+        return self._took(event)
+
+    async def _in_worker(self, method, keep_yielded: bool = False):
+        """A call run alone (no engine): ``method`` in a worker thread; cancelled, it stops after the
+        step under way."""
         stop = threading.Event()
 
         def run():
-            while not stop.is_set():
-                done, item = self.step()
-                if done:
-                    return item
-            return None
+            before = self.state if keep_yielded else None
+            if method == self.run:
+                while not stop.is_set():
+                    done, item = self.step()
+                    if done:
+                        return before, item
+                return before, None
+            return before, method()
 
-        # One thread for every step: no trip through the event loop between two steps, so
-        # the call is at the model's next shared forward as soon as it can be.
-        running = asyncio.get_running_loop().run_in_executor(self.executor, run)
-        try:
-            return await asyncio.shield(running)
-        except asyncio.CancelledError:
-            stop.set()
-            await asyncio.wait([running])
-            self.close()
-            raise
-
-    async def astep(self, keep_yielded: bool = False) -> tuple[bool, Any]:
-        """:meth:`step` in a worker thread. Cancelled, the generation stops after the step under way;
-        ``keep_yielded``: the state then leaves out that step, whose piece was never yielded."""
-
-        def step():
-            before = self.state if keep_yielded else None  # what the consumer has seen
-            return before, self.step()
-
-        # The model's step threads: concurrent calls must all be computing at once to share
-        # forward passes, which asyncio's default pool (a few threads) would not allow.
-        running = asyncio.get_running_loop().run_in_executor(self.executor, step)
+        running = asyncio.get_running_loop().run_in_executor(self._model.executor, run)
         try:
             return (await asyncio.shield(running))[1]
         except asyncio.CancelledError:
-            # The step cannot be interrupted: let it end, then close, so that nothing runs on after.
+            stop.set()
             await asyncio.wait([running])
             self.close()
             if keep_yielded and running.exception() is None:
@@ -394,11 +460,24 @@ class Stream:
                 self._final = self._final if done else before
             raise
 
+    async def _aclosed(self) -> None:
+        """After a cancel: the call ends at the engine's next step; the state keeps what it did
+        (or the snapshot the consumer saw)."""
+        self._engine.cancel(self._call)
+        await self._engine.aclose(self._call)
+        if self._final is None:
+            self._final = self.state
+
     def close(self) -> None:
         """Stop generating; ``state`` keeps what was generated (the prompt, if nothing was)."""
-        if self._steps is None:  # closed before it started: no step will run
-            self._steps = iter(self._started())
-        self._steps.close()
+        if self._final is not None:
+            return
+        if self._call is None and self._alone is None:  # closed before it started: no step will run
+            self._next(READY)
+        if self._engine is not None:
+            self._engine.close(self._call)
+        else:
+            self._alone.close()
         if self._final is None:
             self._final = self.state
 
@@ -408,17 +487,14 @@ class Stream:
         if self._final is not None:
             return self._final
         if self._snapshot is None:
-            self._snapshot = self._state(self._started().result())
+            if not self._prepared() and (self._call is None or not self._call.done):
+                self._next(READY)
+            self._snapshot = self._state(self._decoding.result()) if self._prepared() else self._initial()
         return self._snapshot
-
-    def _started(self) -> Decoding:
-        if self._decoding is None:
-            self._decoding = self._start()
-        return self._decoding
 
 
 class AsyncStream:
-    """:class:`Stream` for ``async for``; each step runs in a worker thread."""
+    """:class:`Stream` for ``async for``; the model's engine runs the steps."""
 
     def __init__(self, stream: Stream):
         self._stream = stream
@@ -439,7 +515,11 @@ class AsyncStream:
         return await self._stream.arun()
 
     async def aclose(self) -> None:
-        self._stream.close()
+        stream = self._stream
+        if stream._engine is not None and stream._call is not None and stream._final is None:
+            await stream._aclosed()
+        else:
+            stream.close()
 
     @property
     def state(self) -> SequenceState:

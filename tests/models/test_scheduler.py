@@ -117,7 +117,7 @@ class _Boom:
 
 @pytest.mark.filterwarnings("ignore:the model's context")
 def test_a_failing_cancelled_or_cut_call_leaves_the_others_unchanged(hf_model, tokenizer):
-    model = models.transformers(hf_model, tokenizer, prefill_chunk=64)  # its own scheduler
+    model = models.transformers(hf_model, tokenizer, prefill_chunk=64)  # its own engine
     gen = continuous(generate.text(model))
     others = [(f"User: tell me about {w}.\nAssistant:", 20) for w in ("Lima", "Oslo", "Kyoto", "Perth")]
     alone = [gen(p, max_tokens=n) for p, n in others]
@@ -150,21 +150,21 @@ def test_a_failing_cancelled_or_cut_call_leaves_the_others_unchanged(hf_model, t
     assert short.finish_reasons == ["context"]
     # Nothing is left waiting: a call alone runs at once.
     assert list(gen("Hi", max_tokens=4)) == list(gen("Hi", max_tokens=4))
-    assert not model.scheduler.waiting
+    assert not model.engine.table.waiting and not model.engine.table.calls
 
 
 def test_a_long_prefill_is_cut_into_chunks_between_other_calls_steps(hf_model, tokenizer):
     model = models.transformers(hf_model, tokenizer, prefill_chunk=16)
     gen = continuous(generate.text(model))
     widths, lock = [], threading.Lock()
-    run_one = model.scheduler.run_one
+    run_one = model.engine.run_one
 
     def spy(request):
         with lock:
             widths.append(request.width)
         return run_one(request)
 
-    model.scheduler.run_one = spy
+    model.engine.run_one = spy
     long_prompt = " ".join(["story"] * 80)
     alone_long = gen(long_prompt, max_tokens=4)
     alone_short = gen("Hello", max_tokens=60)
@@ -225,8 +225,8 @@ def test_split_takes_every_request_once_and_never_pads_a_group_past_twice_its_to
     taken = [r for g in groups for r in g] + wide
     assert sorted(map(id, taken)) == sorted(map(id, batch))
     for g in groups:
-        real = sum(r.rows * r.width for r in g)
-        assert sum(r.rows for r in g) * max(r.width for r in g) <= 2 * real or len(g) == 1
+        real = sum(r.batch_rows * r.width for r in g)
+        assert sum(r.batch_rows for r in g) * max(r.width for r in g) <= 2 * real or len(g) == 1
     assert all(r.width > 512 for r in wide)
 
 
