@@ -314,14 +314,15 @@ class Engine:
         self._end(call, None)
 
     def _end(self, call: Call, error: BaseException | None) -> None:
+        if self.on_leave is not None:  # before its consumer hears of it: the backend holds none of its rows
+            self.on_leave(call.id)
         with self.cond:
             call.done, call.error, call.request = True, error, None
             call.demand = None
             self.table.remove(call)
+            self._gauges()
             self._wake(call)
             self.cond.notify_all()
-        if self.on_leave is not None:
-            self.on_leave(call.id)
 
     def _wake(self, call: Call) -> None:
         """Tell the call's async consumers (with the lock held)."""

@@ -239,3 +239,74 @@ def test_a_request_is_chunked_so_that_its_last_chunk_keeps_its_logits():
     tail = Request(torch.zeros((2, 7), dtype=torch.long), None, None, logits_to_keep=5)
     assert tail.chunk(4).width == 2  # leaves 5 slots: the logits asked for
     assert _request(4).chunk(16) is None
+
+
+def _own_rows_only(state):
+    """The state's cache is a buffer of its own rows (no other call's rows stacked beside them)."""
+    buffer, nbytes = state._rows.cache.storage()
+    return buffer.keys[0].shape[0] == state._rows.n_rows and state.cache_bytes.alone + state.cache_bytes.shared == nbytes
+
+
+def test_two_calls_continuing_the_same_state_at_once_each_equal_the_call_alone(model):
+    gen = continuous(generate.text(model))
+    prompts = ["User: hello.\nAssistant: Nice to meet", "User: where do you live?\nAssistant:"]
+
+    async def made():
+        return await asyncio.gather(*[gen.acall(p, max_tokens=4) for p in prompts])
+
+    first, second = asyncio.run(made())  # made together: their caches were stacked, and they ended together
+    # Exactly as many calls as the last merged step had, all continuing one of its states.
+    pair = [(first, " you. User: I live in", {}), (first, " you too!", dict(temperature=0.8, seed=4))]
+    turns = pair + [(second, " In Paris", {}), (first, " you. User: I live in", dict(temperature=0.8, seed=4))]
+    alone = [gen(s + t, max_tokens=10, **k) for s, t, k in turns]
+
+    async def together(calls):
+        return await asyncio.gather(*[gen.acall(s + t, max_tokens=10, **k) for s, t, k in calls])
+
+    for calls in (pair, turns, turns):
+        for a, b in zip(alone, asyncio.run(together(calls))):
+            _same(a, b)
+            assert _own_rows_only(b)
+    with ThreadPoolExecutor(len(turns)) as pool:
+        threaded = list(pool.map(lambda x: gen(x[0] + x[1], max_tokens=10, **x[2]), turns))
+    for a, b in zip(alone, threaded):
+        _same(a, b)
+
+
+def test_a_state_continued_while_its_call_still_holds_its_rows_equals_it_continued_alone(model):
+    gen = continuous(generate.text(model))
+
+    async def main():
+        stream = gen.astream("User: tell me about Lima.\nAssistant:", max_tokens=30)
+        other = asyncio.ensure_future(gen.acall("Once upon a time", max_tokens=30))
+        got = []
+        async for piece in stream:
+            got.append(piece)
+            if len(got) == 4:
+                break
+        snapshot = stream.state  # its rows are still in the stacked cache of the running calls
+        go_on = asyncio.ensure_future(gen.acall(snapshot + " And", max_tokens=12))
+        rest = [p async for p in stream]
+        return snapshot, await go_on, await other, got + rest, stream.state
+
+    snapshot, continued, other, pieces, final = asyncio.run(main())
+    _same(continued, gen((snapshot + " And").drop_cache(), max_tokens=12))
+    _same(other, gen("Once upon a time", max_tokens=30))
+    assert str(final) == "User: tell me about Lima.\nAssistant:" + "".join(pieces)
+    assert list(final) == list(gen("User: tell me about Lima.\nAssistant:", max_tokens=30))
+
+
+def test_after_the_calls_end_the_model_holds_no_cache_of_theirs(model):
+    gen = continuous(generate.text(model))
+    prompts = ["One", "Two words", "And three more words"]
+
+    async def together():
+        return await asyncio.gather(*[gen.acall(p, max_tokens=8) for p in prompts])
+
+    states = asyncio.run(together())
+    engine = model.engine
+    assert not engine.table.calls and not engine.table.waiting and engine.table.rows == engine.table.kv == 0
+    assert model.joint.cache is None and not model.joint.members
+    assert all(_own_rows_only(s) for s in states)
+    assert model.stats.calls_running == model.stats.calls_waiting == model.stats.kv_bytes_in_use == 0
+    assert model.stats.steps > 0 and model.stats.rows_per_step >= 1
