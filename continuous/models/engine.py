@@ -24,6 +24,7 @@ thread per model drives for async consumers, who await futures the engine sets.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from typing import Callable, Generator
@@ -32,6 +33,8 @@ from .scheduler import PREFILL_CHUNK, Request, split
 from .table import ALL, PIECE, READY, Call, Table
 
 __all__ = ["Engine", "DONE", "GRACE"]
+
+logger = logging.getLogger(__name__)
 
 #: What a consumer gets once its call ended.
 DONE = "done"
@@ -200,7 +203,20 @@ class Engine:
                 if self.driving or not self._has_work():
                     self.cond.wait()
                     continue
-                self._round()
+                try:
+                    self._round()
+                except BaseException as exc:  # noqa: BLE001 - a defect of the step itself: no call may hang on it
+                    logger.exception("the engine's step failed: its calls fail with its error")
+                    self._fail_all(exc)
+
+    def _fail_all(self, error: BaseException) -> None:
+        """End every call with ``error`` (with the lock held): the step itself failed."""
+        for call in list(self.table.calls.values()) + list(self.table.waiting):
+            call.done, call.error, call.request, call.demand = True, error, None, None
+            self.table.remove(call)
+            self._wake(call)
+        self._gauges()
+        self.cond.notify_all()
 
     def _round(self) -> None:
         """One step, driven by this thread (called with the lock held; released while stepping)."""
@@ -315,7 +331,10 @@ class Engine:
 
     def _end(self, call: Call, error: BaseException | None) -> None:
         if self.on_leave is not None:  # before its consumer hears of it: the backend holds none of its rows
-            self.on_leave(call.id)
+            try:
+                self.on_leave(call.id)
+            except Exception:  # noqa: BLE001 - its rows stay where they are: still right, only not freed
+                logger.exception("the backend could not let go of a call's rows")
         with self.cond:
             call.done, call.error, call.request = True, error, None
             call.demand = None

@@ -310,3 +310,38 @@ def test_after_the_calls_end_the_model_holds_no_cache_of_theirs(model):
     assert all(_own_rows_only(s) for s in states)
     assert model.stats.calls_running == model.stats.calls_waiting == model.stats.kv_bytes_in_use == 0
     assert model.stats.steps > 0 and model.stats.rows_per_step >= 1
+
+
+def test_a_call_cancelled_during_its_prefill_leaves_at_the_next_chunk_and_nobody_waits(hf_model, tokenizer):
+    model = models.transformers(hf_model, tokenizer, prefill_chunk=16)
+    gen = continuous(generate.text(model))
+    long_prompt = " ".join(["story"] * 80)
+    alone = gen("Hello", max_tokens=20)
+    engine, run_one = model.engine, model.engine.run_one
+    widths, first_chunk, cancelled = [], threading.Event(), threading.Event()
+
+    def spy(request):
+        widths.append(request.width)
+        if request.width == 16 and not first_chunk.is_set():
+            first_chunk.set()
+            cancelled.wait(30)  # the cancel arrives while this chunk runs
+        return run_one(request)
+
+    engine.run_one = spy
+
+    async def main():
+        task = asyncio.ensure_future(gen.acall(long_prompt, max_tokens=5))
+        while not first_chunk.is_set():
+            await asyncio.sleep(0.001)
+        other = asyncio.ensure_future(gen.acall("Hello", max_tokens=20))
+        task.cancel()
+        while not any(c.cancelled for c in engine.table.calls.values()):
+            await asyncio.sleep(0.001)
+        cancelled.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await other
+
+    _same(asyncio.run(main()), alone)
+    assert widths.count(16) == 1  # the prompt's first chunk only: never forwarded again
+    assert not engine.table.calls and not engine.table.waiting
