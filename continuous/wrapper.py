@@ -404,7 +404,7 @@ class Stream:
         if self._final is not None:
             return self._final
         if self._engine is None:
-            return await self._in_worker(self.run)
+            return (await self._in_worker(whole=True))[1]
         if self._call is None:
             self._call = self._engine.submit(self._body(), *self._size)
         try:
@@ -421,7 +421,7 @@ class Stream:
         if self._final is not None:
             return True, self._final
         if self._engine is None:
-            return await self._in_worker(self.step, keep_yielded)
+            return await self._in_worker(keep_yielded)
         if keep_yielded and self._prepared():
             self.state  # noqa: B018 - kept as the snapshot: what the consumer has seen
         if self._call is None:
@@ -433,20 +433,17 @@ class Stream:
             raise
         return self._took(event)
 
-    async def _in_worker(self, method, keep_yielded: bool = False):
-        """A call run alone (no engine): ``method`` in a worker thread; cancelled, it stops after the
-        step under way."""
+    async def _in_worker(self, keep_yielded: bool = False, whole: bool = False) -> tuple[bool, Any]:
+        """A call run alone (no engine): its next step (``whole``: every step) in a worker thread.
+        Cancelled, it stops after the step under way."""
         stop = threading.Event()
 
         def run():
-            before = self.state if keep_yielded else None
-            if method == self.run:
-                while not stop.is_set():
-                    done, item = self.step()
-                    if done:
-                        return before, item
-                return before, None
-            return before, method()
+            before = self.state if keep_yielded else None  # what the consumer has seen
+            while True:
+                done, item = self.step()
+                if done or not whole or stop.is_set():
+                    return before, (done, item)
 
         running = asyncio.get_running_loop().run_in_executor(self._model.executor, run)
         try:

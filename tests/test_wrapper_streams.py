@@ -157,3 +157,32 @@ def test_a_healed_stream_closed_before_its_first_piece_has_an_empty_value(gen):
     stream.close()
     assert stream.state.value == "" == gen("Visit https://www.exa", heal=True, max_tokens=0).value
     assert str(stream.state) == "Visit https://www.exa"
+
+
+def test_a_model_without_an_engine_runs_each_call_alone_in_the_sync_and_async_forms(hf_model, tokenizer, gen):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from continuous import models
+
+    from continuous.models.scheduler import Request
+
+    alone = models.transformers(hf_model, tokenizer, prefill_chunk=77)  # a wrapper of its own
+    direct = alone.engine.forward
+    alone.forward = lambda ids, mask, cache, keep=1, n_real=None, holes=True: direct(  # noqa: E731
+        Request(ids, mask, cache, keep, n_real, holes))
+    alone.engine, alone.executor = None, ThreadPoolExecutor(4)  # as a swarm's model: one loop per call
+    lone = continuous(generate.text(alone))
+    expected = [str(gen(p, max_tokens=6)) for p in ("one", "two", "three")]
+
+    async def main():
+        called = await asyncio.gather(lone.acall("one", max_tokens=6), lone.acall("two", max_tokens=6))
+        stream = lone.astream("three", max_tokens=6)
+        pieces = [p async for p in stream]
+        return [str(s) for s in called] + ["three" + "".join(pieces)]
+
+    assert asyncio.run(main()) == expected
+    assert str(lone("one", max_tokens=6)) == expected[0]
+    stream = lone.stream("two", max_tokens=6)
+    first = next(stream)
+    stream.close()
+    assert str(stream.state) == "two" + first

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Generator
+from typing import Generator
 
 from .scheduler import Request
 
@@ -43,7 +43,6 @@ class Call:
     error: BaseException | None = None
     handed_at: float = 0.0  # when it last handed a piece to its consumer
     wakers: list = field(default_factory=list)  # (event loop, future) of async consumers waiting
-    value: Any = None
 
 
 class Table:
