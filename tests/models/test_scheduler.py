@@ -13,6 +13,7 @@ from support.streams import drained
 
 from continuous import continuous, generate, models
 from continuous.models.scheduler import Request, split
+from continuous.prefix import parse_bytes
 
 
 class City(BaseModel):
@@ -345,3 +346,33 @@ def test_a_call_cancelled_during_its_prefill_leaves_at_the_next_chunk_and_nobody
     _same(asyncio.run(main()), alone)
     assert widths.count(16) == 1  # the prompt's first chunk only: never forwarded again
     assert not engine.table.calls and not engine.table.waiting
+
+
+def test_calls_past_max_rows_wait_for_room_and_a_call_that_never_fits_is_refused(hf_model, tokenizer):
+    per_token = models.transformers(hf_model, tokenizer).engine.token_bytes  # KV bytes of one token of one row
+    assert per_token > 0
+    model = models.transformers(hf_model, tokenizer, max_rows=2, max_kv=100 * per_token)
+    gen = continuous(generate.text(model))
+    prompts = ["Lima is", "Oslo is", "Kyoto is", "Perth is"]
+    alone = [gen(p, max_tokens=8) for p in prompts]
+    widest, run_joint = [], model.engine.run_joint
+
+    def spy(requests):
+        widest.append(sum(r.batch_rows for r in requests))
+        return run_joint(requests)
+
+    model.engine.run_joint = spy
+
+    async def main():
+        return await asyncio.gather(*[gen.acall(p, max_tokens=8) for p in prompts])
+
+    for a, b in zip(alone, asyncio.run(main())):
+        _same(a, b)
+    assert widest and max(widest) == 2  # merged, never more than two rows at once
+    with pytest.raises(ValueError, match="max_rows=2"):
+        gen(["a", "b", "c"], max_tokens=2)
+    with pytest.raises(ValueError, match=f"max_kv={100 * per_token}"):
+        gen("Lima is", max_tokens=400)
+    with pytest.raises(ValueError, match="max_rows must be a positive int"):
+        models.transformers(hf_model, tokenizer, max_rows=0)
+    assert models.transformers(hf_model, tokenizer, max_kv="2MB").engine.table.max_kv == parse_bytes("2MB")
