@@ -339,11 +339,22 @@ class Stream:
         self._alone = None  # the events of a call run alone (no engine)
         self._snapshot: SequenceState | None = None
         self._final: SequenceState | None = None
+        self._ended: SequenceState | None = None  # made where the call ended
+        self._keep_yielded = False
 
     def _body(self):
-        """The call's coroutine: build the decoding (on the thread that steps it), then run it."""
+        """The call's coroutine: build the decoding, run it, make its final state; all on the
+        thread that steps it (the engine's, for async consumers: the event loop does no torch work)."""
         self._decoding = self._start()
+        self._decoding.resumed = self._resumed
         yield from self._decoding.run()
+        self._ended = self._state(self._decoding.result(), True)
+
+    def _resumed(self) -> None:
+        """The call goes on past the last piece its consumer took: keep the state it has seen, for a
+        cancel that would come before the next piece is yielded (async streams)."""
+        if self._keep_yielded:
+            self._snapshot = self._state(self._decoding.result())
 
     def _prepared(self) -> bool:
         return self._decoding is not None and self._decoding.batch is not None
@@ -389,6 +400,8 @@ class Stream:
         return False, self._shape(event)
 
     def _finished(self) -> SequenceState:
+        if self._ended is not None:
+            return self._ended
         return self._state(self._decoding.result(), True) if self._prepared() else self._initial()
 
     def run(self) -> SequenceState:
@@ -422,8 +435,7 @@ class Stream:
             return True, self._final
         if self._engine is None:
             return await self._in_worker(keep_yielded)
-        if keep_yielded and self._prepared():
-            self.state  # noqa: B018 - kept as the snapshot: what the consumer has seen
+        self._keep_yielded = keep_yielded  # the state it has seen is kept when the call resumes
         if self._call is None:
             self._call = self._engine.submit(self._body(), *self._size)
         try:

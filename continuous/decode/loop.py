@@ -1,7 +1,9 @@
 """The decoding loop: prepare the rows, then per step shape the scores, sample, read, advance, forward.
 
-It works on :class:`~continuous.layout.Rows` and knows nothing of SequenceState. One
-call generates for every row at once: rows that finish early become holes in the
+It works on :class:`~continuous.layout.Rows` and knows nothing of SequenceState. A call
+is a coroutine (:meth:`Decoding.run`) that yields each forward it needs instead of
+running it, so that the model's engine steps every running call together. One call
+generates for every row at once: rows that finish early become holes in the
 following columns, and their logits are kept so that a later call continues them
 without recomputing anything.
 
@@ -13,7 +15,7 @@ to know: the chosen ids (and, for beams, which rows they extend).
 from __future__ import annotations
 
 import warnings
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -71,6 +73,9 @@ class Decoding:
         self._inputs = (rows, weights, constraint)
         self.batch: Batch | None = None
         self.unforwarded: list[list[int]] | None = None
+        #: Called when the call resumes after a piece, before its next step (on the thread that
+        #: steps it): where a stream keeps the state its consumer has seen.
+        self.resumed: Callable[[], None] | None = None
 
     def run(self):
         """The call: prepare the rows (heal, prefill, fork), yield :data:`READY`, then step.
@@ -164,6 +169,8 @@ class Decoding:
             self.unforwarded = chunks  # until the forward below: a snapshot's rows recompute them
             try:
                 yield [row.release() for row in batch.rows]  # the consumer holds the piece: the call is parked
+                if self.resumed is not None:
+                    self.resumed()
             except GeneratorExit:
                 if queued is not None:
                     queued.give_back(count=False)

@@ -77,6 +77,7 @@ class Engine:
         self.cond = threading.Condition()
         self.driving = False
         self.last_forward = 0.0
+        self.host = 0.0  # host seconds since the last step that forwarded
         self.thread: threading.Thread | None = None
 
     # -- direct forwards ---------------------------------------------------------------
@@ -270,15 +271,16 @@ class Engine:
                 self._advance(call)
                 moved = True
         requests = [c.request for c in calls if not c.done and c.request is not None]
-        host = time.perf_counter() - began
-        forward = 0.0
+        # Host work counts toward the next step that forwards (a step that only hands pieces out
+        # did the sampling of the step its consumers ask for next).
+        self.host += time.perf_counter() - began
         if requests:
             began = time.perf_counter()
             self._forward(requests)
-            forward = time.perf_counter() - began
-            self.last_forward = forward
-        if self.stats is not None and requests:
-            self.stats.record_step(sum(r.batch_rows for r in requests), host, forward)
+            self.last_forward = time.perf_counter() - began
+            if self.stats is not None:
+                self.stats.record_step(sum(r.batch_rows for r in requests), self.host, self.last_forward)
+            self.host = 0.0
         with self.cond:
             self._gauges()
             self.cond.notify_all()
