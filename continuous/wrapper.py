@@ -7,6 +7,7 @@ import functools
 import inspect
 import json
 import threading
+import weakref
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -344,11 +345,11 @@ class Stream:
 
     def _body(self):
         """The call's coroutine: build the decoding, run it, make its final state; all on the
-        thread that steps it (the engine's, for async consumers: the event loop does no torch work)."""
-        self._decoding = self._start()
-        self._decoding.resumed = self._resumed
-        yield from self._decoding.run()
-        self._ended = self._state(self._decoding.result(), True)
+        thread that steps it (the engine's, for async consumers: the event loop does no torch work).
+
+        It holds the stream weakly: a stream dropped unfinished is collected, and its call cancelled.
+        """
+        return _call_body(self._start, self._state, weakref.ref(self))
 
     def _resumed(self) -> None:
         """The call goes on past the last piece its consumer took: keep the state it has seen, for a
@@ -356,15 +357,20 @@ class Stream:
         if self._keep_yielded:
             self._snapshot = self._state(self._decoding.result())
 
+    def _submitted(self):
+        """The stream's call on the engine, queued on first use; cancelled if the stream is dropped."""
+        if self._call is None:
+            self._call = self._engine.submit(self._body(), *self._size)
+            weakref.finalize(self, self._engine.cancel, self._call)
+        return self._call
+
     def _prepared(self) -> bool:
         return self._decoding is not None and self._decoding.batch is not None
 
     def _next(self, what: str):
         """The next piece, ``READY``, or ``DONE`` (``what`` is ``PIECE``, ``READY`` or ``ALL``)."""
         if self._engine is not None:
-            if self._call is None:
-                self._call = self._engine.submit(self._body(), *self._size)
-            return self._engine.next(self._call, what)
+            return self._engine.next(self._submitted(), what)
         if self._alone is None:
             self._alone = drive(self._body(), self._model)
         for event in self._alone:
@@ -418,8 +424,7 @@ class Stream:
             return self._final
         if self._engine is None:
             return (await self._in_worker(whole=True))[1]
-        if self._call is None:
-            self._call = self._engine.submit(self._body(), *self._size)
+        self._submitted()
         try:
             await self._engine.anext(self._call, ALL)
         except asyncio.CancelledError:
@@ -436,8 +441,7 @@ class Stream:
         if self._engine is None:
             return await self._in_worker(keep_yielded)
         self._keep_yielded = keep_yielded  # the state it has seen is kept when the call resumes
-        if self._call is None:
-            self._call = self._engine.submit(self._body(), *self._size)
+        self._submitted()
         try:
             event = await self._engine.anext(self._call, PIECE)
         except asyncio.CancelledError:
@@ -500,6 +504,24 @@ class Stream:
                 self._next(READY)
             self._snapshot = self._state(self._decoding.result()) if self._prepared() else self._initial()
         return self._snapshot
+
+
+def _call_body(start: Callable[[], Decoding], state: Callable, stream: "weakref.ref[Stream]"):
+    """A stream's call as a coroutine (see :meth:`Stream._body`)."""
+    decoding = start()
+    held = stream()
+    if held is not None:
+        held._decoding = decoding
+    del held
+
+    def resumed():
+        if (held := stream()) is not None:
+            held._resumed()
+
+    decoding.resumed = resumed
+    yield from decoding.run()
+    if (held := stream()) is not None:
+        held._ended = state(decoding.result(), True)
 
 
 class AsyncStream:

@@ -27,6 +27,7 @@ import asyncio
 import logging
 import threading
 import time
+import traceback
 from typing import Callable, Generator
 
 from .scheduler import PREFILL_CHUNK, Request, split
@@ -142,8 +143,7 @@ class Engine:
         with self.cond:
             if not call.done:
                 call.cancelled = True
-                if call.wakers:
-                    self._start_thread()
+                self._start_thread()  # it ends at the next step, whoever consumes it
                 self.cond.notify_all()
 
     def close(self, call: Call) -> None:
@@ -299,6 +299,9 @@ class Engine:
                 self._end(call, None)
                 return
             except BaseException as exc:  # noqa: BLE001 - the call's own failure, handed to its consumer
+                # The error keeps its traceback, not the call's locals: its caches (a llama.cpp
+                # sequence, KV memory) are freed now, not when the consumer drops the error.
+                traceback.clear_frames(exc.__traceback__)
                 self._end(call, exc)
                 return
             if isinstance(item, Request):

@@ -297,7 +297,8 @@ def test_a_state_continued_while_its_call_still_holds_its_rows_equals_it_continu
     assert list(final) == list(gen("User: tell me about Lima.\nAssistant:", max_tokens=30))
 
 
-def test_after_the_calls_end_the_model_holds_no_cache_of_theirs(model):
+def test_after_the_calls_end_the_model_holds_no_cache_of_theirs(hf_model, tokenizer):
+    model = models.transformers(hf_model, tokenizer, prefill_chunk=200)  # its own engine: no other test's calls
     gen = continuous(generate.text(model))
     prompts = ["One", "Two words", "And three more words"]
 
@@ -376,3 +377,18 @@ def test_calls_past_max_rows_wait_for_room_and_a_call_that_never_fits_is_refused
     with pytest.raises(ValueError, match="max_rows must be a positive int"):
         models.transformers(hf_model, tokenizer, max_rows=0)
     assert models.transformers(hf_model, tokenizer, max_kv="2MB").engine.table.max_kv == parse_bytes("2MB")
+
+
+def test_a_stream_dropped_unfinished_is_cancelled_and_leaves_the_engine(model):
+    import gc
+
+    gen = continuous(generate.text(model))
+    stream = gen.stream("Once upon a time", max_tokens=50)
+    next(stream)
+    call = stream._call
+    assert call.id in model.engine.table.calls  # parked: its consumer holds a piece
+    del stream
+    gc.collect()
+    assert call.cancelled  # nobody will read it: it ends at the engine's next step
+    model.engine.close(call)
+    assert call.done and call.id not in model.engine.table.calls
