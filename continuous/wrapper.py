@@ -228,8 +228,8 @@ class ContinuousGenerator:
     async def acall(self, prompt, arguments: dict) -> SequenceState:
         """``__call__`` for asyncio: the model's engine runs the steps, off the event loop.
 
-        Cancelling the task stops the generation after the step under way; the input
-        state is unchanged and usable."""
+        Cancelling the task stops the generation at the engine's next step (or between two
+        chunks of its prompt); the input state is unchanged and usable."""
         return await self._stream(prompt, arguments).arun()
 
     @_call_arguments(partial=False)
