@@ -7,6 +7,7 @@ import functools
 import inspect
 import json
 import threading
+import time
 import weakref
 from dataclasses import replace
 from typing import Any, Callable, Sequence
@@ -341,6 +342,7 @@ class Stream:
         self._snapshot: SequenceState | None = None
         self._final: SequenceState | None = None
         self._ended: SequenceState | None = None  # made where the call ended
+        self._first_piece_at: float | None = None  # of a call run alone (else its engine call's)
         self._keep_yielded = False
 
     def _body(self):
@@ -374,6 +376,8 @@ class Stream:
         if self._alone is None:
             self._alone = drive(self._body(), self._model)
         for event in self._alone:
+            if event is not READY and self._first_piece_at is None:
+                self._first_piece_at = time.monotonic()
             if event is READY:
                 if what == READY:
                     return READY
@@ -495,6 +499,12 @@ class Stream:
             self._final = self.state
 
     @property
+    def first_piece_at(self) -> float | None:
+        """The ``time.monotonic()`` of the first piece (the first token), once it came: the time to
+        first token of a call that runs whole too."""
+        return self._call.first_piece_at if self._call is not None else self._first_piece_at
+
+    @property
     def state(self) -> SequenceState:
         """The state so far: the input (prefilled) before the first piece, then up to the last piece."""
         if self._final is not None:
@@ -555,3 +565,8 @@ class AsyncStream:
     @property
     def state(self) -> SequenceState:
         return self._stream.state
+
+    @property
+    def first_piece_at(self) -> float | None:
+        """The ``time.monotonic()`` of the first piece, once it came (see :class:`Stream`)."""
+        return self._stream.first_piece_at

@@ -186,3 +186,20 @@ def test_a_model_without_an_engine_runs_each_call_alone_in_the_sync_and_async_fo
     first = next(stream)
     stream.close()
     assert str(stream.state) == "two" + first
+
+
+def test_the_time_of_the_first_piece_is_kept_for_streams_and_whole_calls(gen):
+    import time
+
+    before = time.monotonic()
+    stream = gen.stream("Once", max_tokens=4)
+    assert stream.first_piece_at is None
+    next(stream)
+    assert before <= stream.first_piece_at <= time.monotonic()
+
+    async def main():
+        whole = gen.astream("Twice", max_tokens=4)
+        await whole.run()
+        return whole.first_piece_at
+
+    assert before <= asyncio.run(main()) <= time.monotonic()

@@ -308,6 +308,8 @@ class Engine:
                 item.call, call.request = call.id, item
                 call.start = item.cache.length if item.cache is not None else 0
                 return
+            if item != READY and call.first_piece_at is None:
+                call.first_piece_at = time.monotonic()
             with self.cond:
                 if item == READY:
                     call.ready = True

@@ -42,6 +42,7 @@ class Call:
     done: bool = False
     error: BaseException | None = None
     handed_at: float = 0.0  # when it last handed a piece to its consumer
+    first_piece_at: float | None = None  # time.monotonic() of its first piece, taken or not
     wakers: list = field(default_factory=list)  # (event loop, future) of async consumers waiting
 
 
