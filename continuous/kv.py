@@ -146,6 +146,9 @@ class KVCache:
         buffer = self._buffer
         return buffer.keys[index][:, :, : self.length], buffer.values[index][:, :, : self.length]
 
+    def settle(self) -> None:
+        """Make the value hold only its own rows' memory (it already does: nothing to copy)."""
+
     def release(self, length: int) -> None:
         """Give back this view's slots past ``length`` to its buffer: the view is being discarded.
 

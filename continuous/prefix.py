@@ -214,7 +214,7 @@ def _assemble(rows: Rows, parts: list) -> Rows:
     """Each row of ``rows`` on the cache of its kept prefix (or none), stacked into one layout."""
     pieces = []
     for r, (entry, depth) in enumerate(parts):
-        ids, ends, text = rows.real_ids(r), rows.ends[r], rows.texts[r]
+        ids, text = rows.real_ids(r), rows.texts[r]
         if entry is None:
             pieces.append((None, [], ids))
             continue

@@ -8,12 +8,16 @@ import inspect
 import json
 import threading
 import time
+import weakref
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import torch
 
 from .decode import Decoding, Generation, Options
+from .decode.loop import drive
+from .models.engine import DONE
+from .models.table import ALL, PIECE, READY
 from .generate.base import SequenceGenerator, make
 from .generate.types import json_or_text, parser_of
 from .heal import healed_lengths
@@ -233,22 +237,23 @@ class ContinuousGenerator:
 
     @_call_arguments
     async def acall(self, prompt, arguments: dict) -> SequenceState:
-        """``__call__`` for asyncio: each step runs in a worker thread, off the event loop.
+        """``__call__`` for asyncio: the model's engine runs the steps, off the event loop.
 
-        Cancelling the task stops the generation after the step under way; the input
-        state is unchanged and usable."""
+        Cancelling the task stops the generation at the engine's next step (or between two
+        chunks of its prompt); the input state is unchanged and usable."""
         return await self._stream(prompt, arguments).arun()
 
     @_call_arguments(partial=False)
     def astream(self, prompt, arguments: dict) -> AsyncStream:
-        """``stream`` for asyncio: ``async for piece in gen.astream(...)``, each step in a worker
-        thread; its ``state`` is the state so far, as for :meth:`stream`."""
+        """``stream`` for asyncio: ``async for piece in gen.astream(...)``, the steps run by the
+        model's engine; its ``state`` is the state so far, as for :meth:`stream`."""
         return AsyncStream(self.stream(prompt, **arguments))
 
     def _stream(self, prompt, arguments: dict, partial: bool = False) -> Stream:
         """Check a call's arguments (now, not when the steps run) and return its steps."""
         model, generator = self.generator.model, self.generator
-        rows, weights, batch_size, samples_in = self._rows_of(generator.opened(prompt))
+        prompt = generator.opened(prompt)
+        rows, weights, batch_size, samples_in = self._rows_of(prompt)
         options = Options.from_call(generator, samples_in, self.fast_forward, **arguments)
         samples = options.sampler.samples
 
@@ -262,11 +267,17 @@ class ContinuousGenerator:
                 start_rows, scores = scorer(model, rows, options.fork)
             return Decoding(model, start_rows, weights.reshape(-1), generator.constraint, options)
 
+        def initial() -> SequenceState:
+            """The input, for a call that ended before its rows were prepared."""
+            if isinstance(prompt, SequenceState):
+                return prompt
+            return SequenceState(model, rows, weights, batch_size, samples_in, parse=generator.parse)
+
         def state(result: Generation, final: bool = False) -> SequenceState:
             texts = result.texts
             if result.complete is not None:
                 texts = [t if t is None or whole else CutShort(t) for t, whole in zip(texts, result.complete)]
-            if final and hasattr(result.rows.cache, "settle"):
+            if final and result.rows.cache is not None:
                 # A call that shared forwards ends with its own buffer: its state does not
                 # hold the other calls' rows.
                 result.rows.cache.settle()
@@ -282,7 +293,13 @@ class ContinuousGenerator:
             return shape_rows(items, batch_size, samples)
 
         pieces = PartialValues(generator, shape) if partial else lambda p: shape(tag([t or "" for t in p]))
-        return Stream(start, state, pieces, options.sampler, model.scheduler.executor, last_value=partial)
+        n_rows = rows.n_rows * options.fork
+        longest = int(rows.attention_mask.sum(1).max())
+        tokens = min(model.max_length, longest + (model.max_length if options.max_tokens is None else options.max_tokens))
+        engine = getattr(model, "engine", None)
+        if engine is not None:
+            engine.check(n_rows, tokens)  # a call that could never be admitted is refused now
+        return Stream(start, state, pieces, options.sampler, model, initial, (n_rows, tokens), last_value=partial)
 
     def _rows_of(self, prompt) -> tuple[Rows, torch.Tensor, int, int]:
         model = self.generator.model
@@ -323,17 +340,66 @@ class Stream:
     generator's return value. With ``last_value``, the final state's ``value`` is the last item.
     ``first_piece_at`` is the ``time.monotonic()`` of the first piece (the first token), once
     it came: the time to first token of a call that runs whole too.
+
+    The call runs on its model's engine (:mod:`continuous.models.engine`), which steps it
+    with the other calls on the model; a model without one (a swarm's) runs it alone, on
+    the consumer's thread (a worker thread for the async forms).
     """
 
     def __init__(self, start: Callable[[], Decoding], state: Callable[[Generation], SequenceState],
-                 shape: Callable[[list], Any], sampler: Sampler, executor=None, last_value: bool = False):
+                 shape: Callable[[list], Any], sampler: Sampler, model, initial: Callable[[], SequenceState],
+                 size: tuple[int, int] = (0, 0), last_value: bool = False):
         self._start, self._state, self._shape, self.sampler = start, state, shape, sampler
-        self.executor, self._last_value = executor, last_value
+        self._model, self._initial, self._size, self._last_value = model, initial, size, last_value
+        self._engine = getattr(model, "engine", None)
         self._decoding: Decoding | None = None
-        self._steps = None
+        self._call = None  # the engine's call
+        self._alone = None  # the events of a call run alone (no engine)
         self._snapshot: SequenceState | None = None
         self._final: SequenceState | None = None
-        self.first_piece_at: float | None = None
+        self._ended: SequenceState | None = None  # made where the call ended
+        self._first_piece_at: float | None = None  # of a call run alone (else its engine call's)
+        self._keep_yielded = False
+
+    def _body(self):
+        """The call's coroutine: build the decoding, run it, make its final state; all on the
+        thread that steps it (the engine's, for async consumers: the event loop does no torch work).
+
+        It holds the stream weakly: a stream dropped unfinished is collected, and its call cancelled.
+        """
+        return _call_body(self._start, self._state, weakref.ref(self))
+
+    def _resumed(self) -> None:
+        """The call goes on past the last piece its consumer took: keep the state it has seen, for a
+        cancel that would come before the next piece is yielded (async streams)."""
+        if self._keep_yielded:
+            self._snapshot = self._state(self._decoding.result())
+
+    def _submitted(self):
+        """The stream's call on the engine, queued on first use; cancelled if the stream is dropped."""
+        if self._call is None:
+            self._call = self._engine.submit(self._body(), *self._size)
+            weakref.finalize(self, self._engine.cancel, self._call)
+        return self._call
+
+    def _prepared(self) -> bool:
+        return self._decoding is not None and self._decoding.batch is not None
+
+    def _next(self, what: str):
+        """The next piece, ``READY``, or ``DONE`` (``what`` is ``PIECE``, ``READY`` or ``ALL``)."""
+        if self._engine is not None:
+            return self._engine.next(self._submitted(), what)
+        if self._alone is None:
+            self._alone = drive(self._body(), self._model)
+        for event in self._alone:
+            if event is not READY and self._first_piece_at is None:
+                self._first_piece_at = time.monotonic()
+            if event is READY:
+                if what == READY:
+                    return READY
+            elif what == PIECE:
+                return event
+        return DONE
 
     def __iter__(self) -> "Stream":
         return self
@@ -348,65 +414,78 @@ class Stream:
         """``(False, piece)`` for the next piece, or ``(True, final_state)`` once done."""
         if self._final is not None:
             return True, self._final
-        if self._steps is None:
-            self._steps = iter(self._started())
-        try:
-            pieces = next(self._steps)
-        except StopIteration:
-            self._final = self._state(self._started().result(), True)
+        return self._took(self._next(PIECE))
+
+    def _took(self, event) -> tuple[bool, Any]:
+        if event == DONE:
+            self._final = self._finished()
             if self._last_value:  # the next step finds _final and ends
                 return False, self._final.value
             return True, self._final
         self._snapshot = None
-        if self.first_piece_at is None:
-            self.first_piece_at = time.monotonic()
-        return False, self._shape(pieces)
+        return False, self._shape(event)
+
+    def _finished(self) -> SequenceState:
+        if self._ended is not None:
+            return self._ended
+        return self._state(self._decoding.result(), True) if self._prepared() else self._initial()
 
     def run(self) -> SequenceState:
         """Every step; the final state."""
-        while True:
-            done, item = self.step()
-            if done:
-                return item
+        if self._final is None:
+            self._next(ALL)
+            self._final = self._finished()
+        return self._final
 
     async def arun(self) -> SequenceState:
-        """:meth:`run` in one worker thread. Cancelled, the generation stops after the step under
-        way, and ``state`` keeps it."""
+        """:meth:`run` for asyncio. Cancelled, the generation stops at the engine's next step
+        (or the next chunk of its prefill), and ``state`` keeps it."""
+        if self._final is not None:
+            return self._final
+        if self._engine is None:
+            return (await self._in_worker(whole=True))[1]
+        self._submitted()
+        try:
+            await self._engine.anext(self._call, ALL)
+        except asyncio.CancelledError:
+            await self._aclosed()
+            raise
+        self._final = self._finished()
+        return self._final
+
+    async def astep(self, keep_yielded: bool = False) -> tuple[bool, Any]:
+        """:meth:`step` for asyncio. Cancelled, the generation stops at the engine's next step;
+        ``keep_yielded``: the state then leaves out a step whose piece was never yielded."""
+        if self._final is not None:
+            return True, self._final
+        if self._engine is None:
+            return await self._in_worker(keep_yielded)
+        self._keep_yielded = keep_yielded  # the state it has seen is kept when the call resumes
+        self._submitted()
+        try:
+            event = await self._engine.anext(self._call, PIECE)
+        except asyncio.CancelledError:
+            await self._aclosed()
+            raise
+        return self._took(event)
+
+    async def _in_worker(self, keep_yielded: bool = False, whole: bool = False) -> tuple[bool, Any]:
+        """A call run alone (no engine): its next step (``whole``: every step) in a worker thread.
+        Cancelled, it stops after the step under way."""
         stop = threading.Event()
 
         def run():
-            while not stop.is_set():
-                done, item = self.step()
-                if done:
-                    return item
-            return None
-
-        # One thread for every step: no trip through the event loop between two steps, so
-        # the call is at the model's next shared forward as soon as it can be.
-        running = asyncio.get_running_loop().run_in_executor(self.executor, run)
-        try:
-            return await asyncio.shield(running)
-        except asyncio.CancelledError:
-            stop.set()
-            await asyncio.wait([running])
-            self.close()
-            raise
-
-    async def astep(self, keep_yielded: bool = False) -> tuple[bool, Any]:
-        """:meth:`step` in a worker thread. Cancelled, the generation stops after the step under way;
-        ``keep_yielded``: the state then leaves out that step, whose piece was never yielded."""
-
-        def step():
             before = self.state if keep_yielded else None  # what the consumer has seen
-            return before, self.step()
+            while True:
+                done, item = self.step()
+                if done or not whole or stop.is_set():
+                    return before, (done, item)
 
-        # The model's step threads: concurrent calls must all be computing at once to share
-        # forward passes, which asyncio's default pool (a few threads) would not allow.
-        running = asyncio.get_running_loop().run_in_executor(self.executor, step)
+        running = asyncio.get_running_loop().run_in_executor(self._model.executor, run)
         try:
             return (await asyncio.shield(running))[1]
         except asyncio.CancelledError:
-            # The step cannot be interrupted: let it end, then close, so that nothing runs on after.
+            stop.set()
             await asyncio.wait([running])
             self.close()
             if keep_yielded and running.exception() is None:
@@ -414,13 +493,32 @@ class Stream:
                 self._final = self._final if done else before
             raise
 
-    def close(self) -> None:
-        """Stop generating; ``state`` keeps what was generated (the prompt, if nothing was)."""
-        if self._steps is None:  # closed before it started: no step will run
-            self._steps = iter(self._started())
-        self._steps.close()
+    async def _aclosed(self) -> None:
+        """After a cancel: the call ends at the engine's next step; the state keeps what it did
+        (or the snapshot the consumer saw)."""
+        self._engine.cancel(self._call)
+        await self._engine.aclose(self._call)
         if self._final is None:
             self._final = self.state
+
+    def close(self) -> None:
+        """Stop generating; ``state`` keeps what was generated (the prompt, if nothing was)."""
+        if self._final is not None:
+            return
+        if self._call is None and self._alone is None:  # closed before it started: no step will run
+            self._next(READY)
+        if self._engine is not None:
+            self._engine.close(self._call)
+        else:
+            self._alone.close()
+        if self._final is None:
+            self._final = self.state
+
+    @property
+    def first_piece_at(self) -> float | None:
+        """The ``time.monotonic()`` of the first piece (the first token), once it came: the time to
+        first token of a call that runs whole too."""
+        return self._call.first_piece_at if self._call is not None else self._first_piece_at
 
     @property
     def state(self) -> SequenceState:
@@ -428,17 +526,32 @@ class Stream:
         if self._final is not None:
             return self._final
         if self._snapshot is None:
-            self._snapshot = self._state(self._started().result())
+            if not self._prepared() and (self._call is None or not self._call.done):
+                self._next(READY)
+            self._snapshot = self._state(self._decoding.result()) if self._prepared() else self._initial()
         return self._snapshot
 
-    def _started(self) -> Decoding:
-        if self._decoding is None:
-            self._decoding = self._start()
-        return self._decoding
+
+def _call_body(start: Callable[[], Decoding], state: Callable, stream: "weakref.ref[Stream]"):
+    """A stream's call as a coroutine (see :meth:`Stream._body`)."""
+    decoding = start()
+    held = stream()
+    if held is not None:
+        held._decoding = decoding
+    del held
+
+    def resumed():
+        if (held := stream()) is not None:
+            held._resumed()
+
+    decoding.resumed = resumed
+    yield from decoding.run()
+    if (held := stream()) is not None:
+        held._ended = state(decoding.result(), True)
 
 
 class AsyncStream:
-    """:class:`Stream` for ``async for``; each step runs in a worker thread."""
+    """:class:`Stream` for ``async for``; the model's engine runs the steps."""
 
     def __init__(self, stream: Stream):
         self._stream = stream
@@ -459,7 +572,11 @@ class AsyncStream:
         return await self._stream.arun()
 
     async def aclose(self) -> None:
-        self._stream.close()
+        stream = self._stream
+        if stream._engine is not None and stream._call is not None and stream._final is None:
+            await stream._aclosed()
+        else:
+            stream.close()
 
     @property
     def state(self) -> SequenceState:

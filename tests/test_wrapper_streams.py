@@ -159,22 +159,47 @@ def test_a_healed_stream_closed_before_its_first_piece_has_an_empty_value(gen):
     assert str(stream.state) == "Visit https://www.exa"
 
 
-def test_a_stream_keeps_when_its_first_piece_came(gen):
+def test_a_model_without_an_engine_runs_each_call_alone_in_the_sync_and_async_forms(hf_model, tokenizer, gen):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from continuous import models
+
+    from continuous.models.scheduler import Request
+
+    alone = models.transformers(hf_model, tokenizer, prefill_chunk=77)  # a wrapper of its own
+    direct = alone.engine.forward
+    alone.forward = lambda ids, mask, cache, keep=1, n_real=None, holes=True: direct(  # noqa: E731
+        Request(ids, mask, cache, keep, n_real, holes))
+    alone.engine, alone.executor = None, ThreadPoolExecutor(4)  # as a swarm's model: one loop per call
+    lone = continuous(generate.text(alone))
+    expected = [str(gen(p, max_tokens=6)) for p in ("one", "two", "three")]
+
+    async def main():
+        called = await asyncio.gather(lone.acall("one", max_tokens=6), lone.acall("two", max_tokens=6))
+        stream = lone.astream("three", max_tokens=6)
+        pieces = [p async for p in stream]
+        return [str(s) for s in called] + ["three" + "".join(pieces)]
+
+    assert asyncio.run(main()) == expected
+    assert str(lone("one", max_tokens=6)) == expected[0]
+    stream = lone.stream("two", max_tokens=6)
+    first = next(stream)
+    stream.close()
+    assert str(stream.state) == "two" + first
+
+
+def test_the_time_of_the_first_piece_is_kept_for_streams_and_whole_calls(gen):
     import time
 
-    stream = gen.stream("Once upon a time", max_tokens=5)
+    before = time.monotonic()
+    stream = gen.stream("Once", max_tokens=4)
     assert stream.first_piece_at is None
-    started = time.monotonic()
     next(stream)
-    first = stream.first_piece_at
-    assert first is not None and started <= first <= time.monotonic()
-    list(stream)
-    assert stream.first_piece_at == first
+    assert before <= stream.first_piece_at <= time.monotonic()
 
-    async def whole():
-        running = gen.astream("Once upon a time", max_tokens=3)
-        assert running.first_piece_at is None
-        await running.run()  # a call run whole keeps it too
-        return running.first_piece_at
+    async def main():
+        whole = gen.astream("Twice", max_tokens=4)
+        await whole.run()
+        return whole.first_piece_at
 
-    assert asyncio.run(whole()) is not None
+    assert before <= asyncio.run(main()) <= time.monotonic()

@@ -2,7 +2,8 @@
 
 - :mod:`.options`: what a call asks of the loop, checked once (``Options.from_call``).
 - :mod:`.loop`: prepare (heal, top up, fork), then per step: processors, the sampler,
-  the one host transfer, reorder, advance each row, forward.
+  the one host transfer, reorder, advance each row, forward; a coroutine that yields its
+  forwards to the model's engine (:mod:`continuous.models.engine`), or runs alone (``drive``).
 - :mod:`.batch`: every per-row array of a call, reordered together.
 - :mod:`.rows`: each row's text part (pieces, stop strings, streaming) and history part
   (tokens, bans, what a rewind undoes).
@@ -10,7 +11,7 @@
 - :mod:`.constraints`: each row's constraint matcher and allowed tokens on the device (the
   loop's one way to the engines).
 - :mod:`.processors`: what shapes the scores before the sampler.
-- :mod:`.prefill`: forward what a call's cache does not cover.
+- :mod:`.prefill`: forward what a call's cache does not cover (``top_up_steps``: as a coroutine).
 - :mod:`.grid`: the slots, holes and attention mask a call appends to.
 - :mod:`.overlap`: the host transfer and the step queued behind it.
 - :mod:`.speculate`: drafts (prompt lookup, a draft model) checked in a step's forward

@@ -1,7 +1,9 @@
 """The decoding loop: prepare the rows, then per step shape the scores, sample, read, advance, forward.
 
-It works on :class:`~continuous.layout.Rows` and knows nothing of SequenceState. One
-call generates for every row at once: rows that finish early become holes in the
+It works on :class:`~continuous.layout.Rows` and knows nothing of SequenceState. A call
+is a coroutine (:meth:`Decoding.run`) that yields each forward it needs instead of
+running it, so that the model's engine steps every running call together. One call
+generates for every row at once: rows that finish early become holes in the
 following columns, and their logits are kept so that a later call continues them
 without recomputing anything.
 
@@ -13,7 +15,7 @@ to know: the chosen ids (and, for beams, which rows they extend).
 from __future__ import annotations
 
 import warnings
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -28,22 +30,26 @@ from .finish import Finish
 from .grid import Grid
 from .options import Options
 from .overlap import Queued, to_host
-from .prefill import check_context, top_up
+from .prefill import check_context, top_up_steps
+from ..models.scheduler import Request
+from ..models.table import READY
 from .processors import pipeline, run
 from .result import Generation, logprob_texts, rows_after
 from .rows import RowState
 from .speculate import Speculation
 
-__all__ = ["Generation", "Decoding"]
+__all__ = ["Generation", "Decoding", "READY", "drive"]
+
 
 
 def _prepare(model, rows: Rows, weights: torch.Tensor, options: Options):
-    """Heal, top up and fork a call's rows; with the text healing removed from each."""
+    """Heal, top up and fork a call's rows; with the text healing removed from each (a coroutine:
+    it yields the prefill's forward)."""
     check_context(model, rows, 1)
     removed = [""] * rows.n_rows
     if options.heal and options.max_tokens != 0:  # with no token to generate, nothing could re-spell
         rows, removed = heal_rows(model.tokenizer, rows)
-    rows = top_up(model, rows)
+    rows = yield from top_up_steps(model, rows)
     if options.fork > 1:
         rows = rows.select([r for r in range(rows.n_rows) for _ in range(options.fork)])
         weights = weights.repeat_interleave(options.fork)
@@ -52,27 +58,50 @@ def _prepare(model, rows: Rows, weights: torch.Tensor, options: Options):
 
 
 class Decoding:
-    """One call over rows: iterate it for each step's text pieces (per row, the text that may
-    be streamed now, ``None`` once finished), then read :meth:`result`.
+    """One call over rows, as a coroutine (:meth:`run`) that yields its forwards to whoever
+    runs it (the model's engine) and its events: :data:`READY` once its rows are prepared,
+    then each step's text pieces (per row, the text that may be streamed now, ``None`` once
+    finished). Read :meth:`result` between two events or at the end.
 
-    Building it prepares the rows: healing crops them, the cache is topped up, rows fork.
+    Iterating it runs it alone, forwarding directly, and gives the pieces.
     """
 
     def __init__(self, model, rows: Rows, weights: torch.Tensor, constraint, options: Options):
         self.model, self.options, self.sampler = model, options, options.sampler
         self.tokenizer, self.eos = model.tokenizer, set(model.eos_token_ids)
-        # This call's place among the calls sharing the model's forward passes, until it
-        # ends: its prefill is one of them.
-        self.turn = model.scheduler.join()
-        try:
-            self._build(model, rows, weights, constraint, options)
-        except BaseException:
-            self.turn.leave()
-            raise
-        self.turn.park()  # until its consumer asks for the first piece
+        check_context(model, rows, 1)  # refused now, before the call is queued
+        self._inputs = (rows, weights, constraint)
+        self.batch: Batch | None = None
+        self.unforwarded: list[list[int]] | None = None
+        #: Called when the call resumes after a piece, before its next step (on the thread that
+        #: steps it): where a stream keeps the state its consumer has seen.
+        self.resumed: Callable[[], None] | None = None
 
-    def _build(self, model, rows: Rows, weights: torch.Tensor, constraint, options: Options) -> None:
-        rows, weights, removed = _prepare(model, rows, weights, options)
+    def run(self):
+        """The call: prepare the rows (heal, prefill, fork), yield :data:`READY`, then step.
+
+        Yields a :class:`~continuous.models.scheduler.Request` for each forward (send back
+        ``(logits, cache)``, or throw its error) and each event (send ``None``).
+        """
+        rows, weights, constraint = self._inputs
+        rows, weights, removed = yield from _prepare(self.model, rows, weights, self.options)
+        self._build(self.model, rows, weights, removed, constraint, self.options)
+        yield READY
+        yield from self._steps()
+
+    def prepare(self) -> "Decoding":
+        """Prepare the rows now, alone (forwarding directly); returns the decoding."""
+        steps = self.run()
+        for event in drive(steps, self.model):
+            if event is READY:
+                break
+        return self
+
+    def __iter__(self) -> Iterator[list[str | None]]:
+        return (event for event in drive(self.run(), self.model) if event is not READY)
+
+    def _build(self, model, rows: Rows, weights: torch.Tensor, removed: list[str], constraint,
+               options: Options) -> None:
         n, device = rows.n_rows, rows.logits.device
         constraints = RowConstraints.of_call(constraint, model, rows, removed, device)
         state = [RowState.of(self.tokenizer, rows.real_ids(r), rows.texts[r], rows.ends[r],
@@ -91,7 +120,6 @@ class Decoding:
             if constraints.done(r) or self.steps[r] <= 0:
                 row.finish(Finish.EOS if constraints.done(r) else limits[r])
         self.advance = Advance(self.batch, options, self.tokenizer, self.eos, self.steps, limits)
-        self.unforwarded: list[list[int]] | None = None  # the last step's tokens, until forwarded
         self.warned = False
         self.token_texts: dict[int, str] = {}
         self.processors = pipeline(options, constraints, self.pad, self.tokenizer.eos_token_id, self.eos)
@@ -107,13 +135,6 @@ class Decoding:
         could not enforce in its grammar."""
         bans = [self.options.bans.matcher(before)] if self.options.bans is not None else []
         return bans + [w for w in [constraints.watch()] if w is not None]
-
-    def __iter__(self) -> Iterator[list[str | None]]:
-        self.turn.resume()
-        try:
-            yield from self._steps()
-        finally:
-            self.turn.leave()
 
     def _steps(self) -> Iterator[list[str | None]]:
         batch = self.batch
@@ -131,7 +152,7 @@ class Decoding:
             if scores.cost is not None:
                 batch.cost = batch.cost + scores.cost
             queued = None
-            if self.overlap and self.grid.all_real and step + 1 < max(self.steps) and running:
+            if self.overlap and self.grid.all_real and step + 1 < max(self.steps) and running and _alone(self.model):
                 # Computed on the device while the host does its bookkeeping.
                 queued = Queued(self.model, ids, batch.cache)
             ids_h, ancestors_h, dead = read()
@@ -147,9 +168,9 @@ class Decoding:
             sent, plain, new_ids = self._append(chunks, drafts, ids_h)
             self.unforwarded = chunks  # until the forward below: a snapshot's rows recompute them
             try:
-                self.turn.park()  # the consumer holds the piece: other calls do not wait for this one
-                yield [row.release() for row in batch.rows]
-                self.turn.resume()
+                yield [row.release() for row in batch.rows]  # the consumer holds the piece: the call is parked
+                if self.resumed is not None:
+                    self.resumed()
             except GeneratorExit:
                 if queued is not None:
                     queued.give_back(count=False)
@@ -167,7 +188,8 @@ class Decoding:
                 break
             if any(chunks):  # else every row went back to the start of the call: its logits are kept
                 keep = 1 + max(map(len, drafts))  # the drafts are checked on their logits
-                logits = self._forward(ids[:, None] if plain else new_ids, sum(map(len, sent)), plain, keep)
+                logits = yield from self._forward(ids[:, None] if plain else new_ids, sum(map(len, sent)), plain,
+                                                  keep)
                 if self.speculation is not None:
                     step += self.speculation.verify(self, logits, step)
             self.unforwarded = None
@@ -209,8 +231,8 @@ class Decoding:
         Returns the logits of the last ``keep`` slots."""
         batch, grid = self.batch, self.grid
         inputs = ids if plain else torch.tensor(ids, device=batch.logits.device)
-        logits, batch.cache = self.model.forward(inputs, None if grid.all_real else grid.attention_mask,
-                                                 batch.cache, logits_to_keep=keep, n_real=n_real, holes=grid.holes)
+        logits, batch.cache = yield Request(inputs, None if grid.all_real else grid.attention_mask, batch.cache,
+                                            logits_to_keep=keep, n_real=n_real, holes=grid.holes)
         batch.logits = logits[:, -1] if plain else torch.where(grid.last_real[:, -1:], logits[:, -1], batch.logits)
         return logits
 
@@ -253,3 +275,33 @@ class Decoding:
             logprob_texts(self.tokenizer, self.token_texts, row.history.logprobs) for row in rows]
         return Generation(out, batch.weights.cpu(), [row.value_text(w) for row, w in zip(rows, whole)],
                           whole if accepts is not None else None, reasons, logprobs, batch.cost.tolist())
+
+
+def _alone(model) -> bool:
+    """Whether this call is the only one its model's engine holds: a queued step (see
+    :class:`~.overlap.Queued`) forwards alone, so it pays only then."""
+    engine = getattr(model, "engine", None)
+    return engine is None or engine.running() <= 1
+
+
+def drive(steps, model):
+    """Run a call's coroutine alone: forward each request directly; yield its events."""
+    reply, error = None, None
+    while True:
+        try:
+            item = steps.throw(error) if error is not None else steps.send(reply)
+        except StopIteration:
+            return
+        reply, error = None, None
+        if isinstance(item, Request):
+            try:
+                reply = model.forward(item.input_ids, item.attention_mask, item.cache, item.logits_to_keep,
+                                      n_real=item.n_real, holes=item.holes)
+            except Exception as exc:  # noqa: BLE001 - raised where the call forwarded
+                error = exc
+        else:
+            try:
+                yield item
+            except GeneratorExit:
+                steps.close()
+                raise

@@ -7,8 +7,9 @@ from dataclasses import replace
 import torch
 
 from ..layout import Rows, interior_holes
+from ..models.scheduler import Request
 
-__all__ = ["check_context", "top_up"]
+__all__ = ["check_context", "top_up", "top_up_steps"]
 
 
 def check_context(model, rows: Rows, extra: int = 0) -> None:
@@ -24,7 +25,21 @@ def check_context(model, rows: Rows, extra: int = 0) -> None:
 
 
 def top_up(model, rows: Rows) -> Rows:
-    """Forward, in one pass, every slot the cache does not cover.
+    """Forward, in one pass, every slot the cache does not cover (see :func:`top_up_steps`)."""
+    steps = top_up_steps(model, rows)
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(model.forward(request.input_ids, request.attention_mask, request.cache,
+                                               request.logits_to_keep, n_real=request.n_real, holes=request.holes))
+    except StopIteration as done:
+        return done.value
+
+
+def top_up_steps(model, rows: Rows):
+    """:func:`top_up` as a coroutine: it yields its forward (a
+    :class:`~continuous.models.scheduler.Request`) and is sent ``(logits, cache)``; its
+    return value is the rows.
 
     Afterwards every row has valid logits after its last real token. A row whose last
     token is cached but whose logits were lost (a slice cut it there) has that one
@@ -55,7 +70,7 @@ def top_up(model, rows: Rows) -> Rows:
     # Last real slot of each row in the chunk; logits_to_keep covers the earliest of them.
     last = length - 1 - chunk.flip(1).argmax(1)
     keep = int(length - last[has_new].min())
-    logits, cache = model.forward(rows.token_ids[:, start:], None if bool(mask.all()) else mask, rows.cache,
+    logits, cache = yield Request(rows.token_ids[:, start:], None if bool(mask.all()) else mask, rows.cache,
                                   logits_to_keep=keep, n_real=int(chunk.sum()), holes=interior_holes(mask))
     at = (last - (length - keep)).clamp(min=0).to(logits.device)
     picked = logits[torch.arange(rows.n_rows, device=logits.device), at]

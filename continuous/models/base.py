@@ -17,6 +17,12 @@ import torch
 __all__ = ["Stats", "Model", "Cache", "check_layout", "stop_ids"]
 
 
+#: Stats that say what runs now, not counters: ``reset`` leaves them.
+_GAUGES = ("calls_running", "calls_waiting", "rows_in_use", "kv_bytes_in_use")
+#: Times, which no two runs share: ``snapshot`` leaves them out.
+_TIMES = ("step_host_seconds", "step_forward_seconds")
+
+
 @dataclass
 class Stats:
     """Counters of the work a model did.
@@ -39,6 +45,13 @@ class Stats:
         Tokens a speculative call proposed and the model checked (``speculate=``).
     tokens_accepted
         Drafted tokens the check kept.
+    steps, step_rows, step_host_seconds, step_forward_seconds
+        The engine's steps (those that forwarded), the rows they forwarded, and the time
+        they spent on the host (the calls' work between forwards) and in forwards; see
+        ``rows_per_step``, ``host_ms_per_step`` and ``forward_ms_per_step``.
+    calls_running, calls_waiting, rows_in_use, kv_bytes_in_use
+        Now (not counters): the calls the engine holds and those waiting for room, the
+        rows and KV bytes the running calls reserve.
     """
 
     tokens_forwarded: int = 0
@@ -48,14 +61,51 @@ class Stats:
     tokens_cached: int = 0
     tokens_drafted: int = 0
     tokens_accepted: int = 0
+    steps: int = 0
+    step_rows: int = 0
+    step_host_seconds: float = 0.0
+    step_forward_seconds: float = 0.0
+    calls_running: int = 0
+    calls_waiting: int = 0
+    rows_in_use: int = 0
+    kv_bytes_in_use: int = 0
     # Threads share a model: every update holds the lock, so no count is lost.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def reset(self) -> None:
-        """Set every counter back to zero."""
+        """Set every counter and time back to zero (the gauges of what runs now stay)."""
         with self._lock:
-            for name in self._counters():
+            for name in self._counters() + list(_TIMES):
                 setattr(self, name, 0)
+
+    def record_step(self, rows: int, host: float, forward: float) -> None:
+        """Count one engine step that forwarded ``rows`` rows, with its host and forward seconds."""
+        with self._lock:
+            self.steps += 1
+            self.step_rows += rows
+            self.step_host_seconds += host
+            self.step_forward_seconds += forward
+
+    def set_gauges(self, **now: int) -> None:
+        """Set what runs now (``calls_running``, ``calls_waiting``, ``rows_in_use``, ``kv_bytes_in_use``)."""
+        with self._lock:
+            for name, value in now.items():
+                setattr(self, name, value)
+
+    @property
+    def rows_per_step(self) -> float:
+        """Rows an engine step forwarded, on average."""
+        return self.step_rows / self.steps if self.steps else 0.0
+
+    @property
+    def host_ms_per_step(self) -> float:
+        """Milliseconds an engine step spent on the host (its calls' work), on average."""
+        return 1000 * self.step_host_seconds / self.steps if self.steps else 0.0
+
+    @property
+    def forward_ms_per_step(self) -> float:
+        """Milliseconds an engine step spent in forwards, on average."""
+        return 1000 * self.step_forward_seconds / self.steps if self.steps else 0.0
 
     def record(self, tokens: int, positions: int) -> None:
         """Count one forward pass over ``positions`` slots of which ``tokens`` are real tokens."""
@@ -81,13 +131,14 @@ class Stats:
             self.tokens_accepted += accepted
 
     def snapshot(self) -> dict:
-        """The counters as a dict, to compare before and after an operation."""
+        """The counters as a dict, to compare before and after an operation (times and gauges
+        left out)."""
         with self._lock:
             return {name: getattr(self, name) for name in self._counters()}
 
     @classmethod
     def _counters(cls) -> list[str]:
-        return [f.name for f in fields(cls) if not f.name.startswith("_")]
+        return [f.name for f in fields(cls) if not f.name.startswith("_") and f.name not in _GAUGES + _TIMES]
 
 
 class Cache(Protocol):
@@ -100,6 +151,10 @@ class Cache(Protocol):
 
     def crop(self, length: int) -> "Cache | None":
         """The view on the first ``min(length, self.length)`` slots (``None`` when empty)."""
+
+    def settle(self) -> None:
+        """Make the value hold only its own rows' memory: a view of rows in a buffer shared with
+        other calls' rows copies them out (done once a call ends, so that its state is a value)."""
 
     def release(self, length: int) -> None:
         """This view is being dropped for its first ``length`` slots: what it held past them
@@ -130,8 +185,9 @@ class Model(Protocol):
     overlap: bool
     #: The ids that end a row (:func:`stop_ids`).
     eos_token_ids: tuple[int, ...]
-    #: Merges the forward passes of calls running at the same time (:mod:`.scheduler`).
-    scheduler: Any
+    #: Steps the calls running at the same time, merging their forwards (:mod:`.engine`), or
+    #: ``None`` where each call runs alone (a swarm's model, whose servers batch sessions).
+    engine: Any
     #: Recent states that prompts starting like them reuse (:mod:`continuous.prefix`), or ``None``.
     prefix_cache: Any
 

@@ -1,12 +1,13 @@
-"""The stacked cache of the calls that a round merges, kept from round to round while they stay.
+"""The stacked cache of the calls that an engine step merges, kept from step to step while they stay.
 
 A merged forward needs the calls' caches side by side. Copying every call's cache into
-one at every round would cost as much memory traffic as attention itself; so the stacked
-cache of the last round is kept, with, for each call, where its slots sit in it. When
-the next round merges the same calls, each continuing the cache it got back, the new
-slots are appended to the stacked cache and nothing is copied: each call holds its rows
-of it (:class:`~continuous.kv.JointRows`), copied out only when read. Any other round (a
-call joined or left, a cache was replaced) stacks the caches again.
+one at every step would cost as much memory traffic as attention itself; so the stacked
+cache of the last step is kept, with, for each call (by its engine call id), the rows it
+was handed and where their slots sit. When the next step merges the same calls, each
+continuing the very rows it was handed, the new slots are appended to the stacked cache
+and nothing is copied: each call holds its rows of it (:class:`~continuous.kv.JointRows`),
+copied out only when read. Any other step (a call joined or left, a cache was replaced,
+a request of no call) stacks the caches again.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ __all__ = ["Joint", "Layout"]
 
 @dataclass
 class Layout:
-    """A round's stacked rows: the requests in row order, their cache, and per request the
+    """A step's stacked rows: the requests in row order, their cache, and per request the
     stacked slot of each of its cached slots; ``start`` is the stacked cache's length."""
 
     requests: list[Request]
@@ -34,43 +35,57 @@ class Layout:
 
 
 class Joint:
-    """The stacked cache of the last merged round, and each call's place in it."""
+    """The stacked cache of the last merged step, and each call's place in it."""
 
     def __init__(self):
         self.cache: KVCache | None = None
-        # id of the rows a call got back -> (those rows, weakly, their first row, their slots' places)
+        # engine call id -> (the rows it was handed, weakly; their first row; their slots' places)
         self.members: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
 
     def layout(self, requests: list[Request]) -> Layout:
-        """The stacked rows of ``requests``: the kept ones when they continue the last round."""
-        kept = [self.members.get(id(r.cache)) for r in requests]
+        """The stacked rows of ``requests``: the kept ones when they continue the last step."""
+        kept = [self.members.get(r.call) for r in requests]
         if self.cache is not None and len(kept) == len(self.members) and all(
-                m is not None and m[0]() is r.cache for m, r in zip(kept, requests)):
+                m is not None and r.cache is not None and m[0]() is r.cache for m, r in zip(kept, requests)):
             order = sorted(range(len(requests)), key=lambda i: kept[i][1])
             return Layout([requests[i] for i in order], self.cache, [kept[i][2] for i in order], self.cache.length)
-        self._settle({id(r.cache) for r in requests})
+        self.forget({id(r.cache) for r in requests})
         lengths = [r.cache.length if r.cache is not None else 0 for r in requests]
-        cache = stack([r.cache for r in requests], [r.rows for r in requests], max(r.width for r in requests))
+        cache = stack([r.cache for r in requests], [r.batch_rows for r in requests], max(r.width for r in requests))
         return Layout(requests, cache, [torch.arange(n) for n in lengths], max(lengths))
 
     def keep(self, layout: Layout, cache: KVCache, returned: list[JointRows]) -> None:
-        """After the round: ``cache`` is the stacked cache, ``returned`` the calls' rows of it.
+        """After the step: ``cache`` is the stacked cache, ``returned`` the calls' rows of it.
 
-        A stacked cache whose holes outgrow its rows' slots is not kept (the next round
-        stacks the caches again, without them).
+        Kept only when every request belongs to a call, all different, and while the
+        stacked cache's holes do not outgrow its rows' slots (else the next step stacks
+        the caches again, without them).
         """
+        calls = [r.call for r in layout.requests]
+        longest = max(own.length for own in returned)
+        if None in calls or len(set(calls)) < len(calls) or cache.length > 2 * longest + 64:
+            self.forget()
+            return
         members, at = {}, 0
         for r, own in zip(layout.requests, returned):
-            members[id(own)] = (weakref.ref(own), at, own._slots)
-            at += r.rows
-        longest = max(own.length for own in returned)
-        self.cache, self.members = (cache, members) if cache.length <= 2 * longest + 64 else (None, {})
+            members[r.call] = (weakref.ref(own), at, own._slots)
+            at += r.batch_rows
+        self.cache, self.members = cache, members
 
-    def _settle(self, going_on: set[int]) -> None:
-        """Forget the last round's stacked cache; the rows of it that a call which left still
-        holds (its final state) are copied out, so that the stacked buffer is freed."""
-        for key, (ref, _, _) in self.members.items():
-            own = ref()
-            if own is not None and key not in going_on:
+    def leave(self, call: int) -> None:
+        """A call ended: the rows it was handed are copied out (its final state owns its cache),
+        and once no call is left the stacked cache is dropped."""
+        member = self.members.pop(call, None)
+        if member is not None and (own := member[0]()) is not None:
+            own.settle()
+        if not self.members:
+            self.cache = None
+
+    def forget(self, stacked_again: set[int] = frozenset()) -> None:
+        """Drop the last step's stacked cache; the rows of it that a call still holds are copied
+        out, so that the stacked buffer is freed (but those about to be stacked again, by the
+        ids of the caches: the stack copies them)."""
+        members, self.cache, self.members = self.members, None, {}
+        for ref, _, _ in members.values():
+            if (own := ref()) is not None and id(own) not in stacked_again:
                 own.settle()
-        self.cache, self.members = None, {}  # freed before the copy

@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 from .base import Stats, check_layout, stop_ids
-from .scheduler import PREFILL_CHUNK, Request, Scheduler
+from .engine import Engine
+from .scheduler import PREFILL_CHUNK, Request
 
 __all__ = ["LlamaCpp", "LlamaCache", "llamacpp"]
 
@@ -142,6 +143,9 @@ class LlamaCache:
 
     def gather_rows_slots(self, rows, slots):
         raise TypeError("a llama.cpp cache cannot move its slots (movable is False)")
+
+    def settle(self) -> None:
+        """Make the value hold only its own rows' memory (its sequences: nothing to copy)."""
 
     def release(self, length: int) -> None:
         """Nothing to give back: a sequence only grows, and a crop continued later gets its own."""
@@ -415,7 +419,8 @@ class LlamaCpp:
         self.device = torch.device("cpu")
         self.overlap = False  # llama_decode returns when its work is done
         self.eos_token_ids = _stop_ids(native, tokenizer)
-        self.scheduler = Scheduler(self._run_one, self._run_joint, PREFILL_CHUNK, pads=False)  # real tokens only
+        # Only real tokens go to llama.cpp: nothing is padded, every request of a step runs in one decode.
+        self.engine = Engine(self._run_one, self._run_joint, prefill_chunk=PREFILL_CHUNK, pads=False, stats=self.stats)
         self.prefix_cache = None
 
     def __repr__(self) -> str:
@@ -432,10 +437,10 @@ class LlamaCpp:
         """Forward the slots the cache does not cover; see :class:`~continuous.models.base.Model`.
 
         Only the real tokens go to llama.cpp; the logits of a kept slot that holds no real
-        token are zeros. Calls running at the same time on this model share each decode
-        (:mod:`~continuous.models.scheduler`).
+        token are zeros. This forward runs now, alone; the calls of generators run on the
+        model's engine, which shares each decode among them (:mod:`~continuous.models.engine`).
         """
-        return self.scheduler.forward(Request(input_ids, attention_mask, cache, logits_to_keep, n_real, holes))
+        return self.engine.forward(Request(input_ids, attention_mask, cache, logits_to_keep, n_real, holes))
 
     def _run_one(self, request: Request) -> tuple[torch.Tensor, LlamaCache]:
         return self._run_joint([request])[0]

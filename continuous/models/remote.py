@@ -16,6 +16,8 @@ Sessions are closed when no state refers to them anymore.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import itertools
 import logging
 import weakref
@@ -24,7 +26,6 @@ import torch
 
 from .base import Stats, check_layout, stop_ids
 from .masks import positions
-from .scheduler import Scheduler
 
 __all__ = ["Remote", "RemoteCache", "remote"]
 
@@ -116,6 +117,9 @@ class RemoteCache:
         length = min(length, self.length)
         return RemoteCache(self._handle, self._chunk, length, self._epoch, self._rows) if length > 0 else None
 
+    def settle(self) -> None:
+        """Make the value hold only its own rows' memory (on the servers: nothing to copy)."""
+
     def release(self, length: int) -> None:
         """Nothing to give back here: a step that starts at ``length`` rewinds the session there."""
 
@@ -156,8 +160,11 @@ class Remote:
         self.max_batch = max_batch
         self.device = torch.device("cpu")  # embeddings and head run here; logits come back here
         self.overlap = False  # each step waits for the servers anyway
-        # Each call's steps go to the servers as they come: sessions are batched there.
-        self.scheduler = Scheduler(run_one=None)
+        # Each call runs alone, its steps sent to the servers as they come (sessions are
+        # batched there): no engine; async calls run in worker threads, so that their round
+        # trips overlap.
+        self.engine = None
+        self.executor = ThreadPoolExecutor(max_workers=256, thread_name_prefix="continuous-remote")
         self.prefix_cache = None  # a swarm session cannot be shared by several calls' rows
         self.eos_token_ids = stop_ids(tokenizer, generation_config)
 

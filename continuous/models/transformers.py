@@ -13,8 +13,9 @@ from ..kv import CACHE_ARG, ForwardCache, JointRows, KVCache, StaticStepCache
 from .base import Stats, check_layout, stop_ids
 from .masks import attention_masks, check_supported, layer_windows, near, positions
 from ..prefix import PrefixCache, parse_bytes
+from .engine import Engine
 from .joint import Joint
-from .scheduler import PREFILL_CHUNK, Request, Scheduler
+from .scheduler import PREFILL_CHUNK, Request
 
 __all__ = ["Transformers", "transformers", "check_causal"]
 
@@ -46,8 +47,8 @@ class Transformers:
     be safe to call concurrently (inference-mode PyTorch modules are).
     """
 
-    def __init__(self, model, tokenizer, compile: bool | str | dict = False, prefill_chunk: int = PREFILL_CHUNK,
-                 prefix_cache: int | str | None = None):
+    def __init__(self, model, tokenizer, *, compile: bool | str | dict = False, prefill_chunk: int = PREFILL_CHUNK,
+                 prefix_cache: int | str | None = None, max_rows: int | None = None, max_kv: int | str | None = None):
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError("continuous needs a fast (Rust) tokenizer: it maps characters to tokens "
                             "with offset mappings")
@@ -69,8 +70,12 @@ class Transformers:
         self.overlap = self.device.type == "cuda"
         self.compiled = None
         self._arange = None
-        self.scheduler = Scheduler(self._run_one, self._run_joint, _check_chunk(prefill_chunk))
-        self.joint = Joint()  # the merged rounds' stacked cache, used by the scheduler's leader only
+        self.joint = Joint()  # the merged steps' stacked cache, used by the engine's step only
+        self.engine = Engine(self._run_one, self._run_joint, prefill_chunk=_check_chunk(prefill_chunk),
+                             max_rows=_check_limit(max_rows, "max_rows"),
+                             max_kv=_check_limit(parse_bytes(max_kv) if isinstance(max_kv, str) else max_kv, "max_kv"),
+                             token_bytes=_token_bytes(model.config, self.dtype), stats=self.stats,
+                             on_leave=self.joint.leave)
         self.prefix_cache = PrefixCache(parse_bytes(prefix_cache)) if prefix_cache else None
         self.compile = compile
         if compile:
@@ -102,10 +107,11 @@ class Transformers:
                 ) -> tuple[torch.Tensor, KVCache]:
         """Forward the slots the cache does not cover; see :class:`~continuous.models.base.Model`.
 
-        Returns float32 logits on the model's device. Calls running at the same time on
-        this model share forward passes (:mod:`~continuous.models.scheduler`).
+        Returns float32 logits on the model's device. This forward runs now, alone; the
+        calls of generators run on the model's engine, which merges their forwards
+        (:mod:`~continuous.models.engine`).
         """
-        return self.scheduler.forward(Request(input_ids, attention_mask, cache, logits_to_keep, n_real, holes))
+        return self.engine.forward(Request(input_ids, attention_mask, cache, logits_to_keep, n_real, holes))
 
     def _run_one(self, request: Request, compiled: bool = True) -> tuple[torch.Tensor, KVCache]:
         """One request's forward, alone."""
@@ -162,28 +168,28 @@ class Transformers:
         """
         layout = self.joint.layout(requests)
         width, start = max(r.width for r in requests), layout.start
-        rows = sum(r.rows for r in requests)
+        rows = sum(r.batch_rows for r in requests)
         ids = torch.zeros((rows, width), dtype=torch.long, device=self.device)
         mask = torch.zeros((rows, start + width), dtype=torch.long, device=self.device)
         at = 0
         for r, slots in zip(layout.requests, layout.slots):
-            length = len(slots)
-            own = r.attention_mask if r.attention_mask is not None else torch.ones((r.rows, length + r.width),
+            length, n = len(slots), r.batch_rows
+            own = r.attention_mask if r.attention_mask is not None else torch.ones((n, length + r.width),
                                                                                    dtype=torch.long)
             own = own.to(self.device)
-            ids[at : at + r.rows, width - r.width :] = r.input_ids.to(self.device)
-            mask[at : at + r.rows, slots.to(self.device)] = own[:, :length]
-            mask[at : at + r.rows, start + width - r.width :] = own[:, length:]
-            at += r.rows
+            ids[at : at + n, width - r.width :] = r.input_ids.to(self.device)
+            mask[at : at + n, slots.to(self.device)] = own[:, :length]
+            mask[at : at + n, start + width - r.width :] = own[:, length:]
+            at += n
         keep = max(r.logits_to_keep for r in requests)
         logits, cache = self._run_one(Request(ids, mask, layout.cache, keep, int(mask[:, start:].sum()), True),
                                       compiled=False)
         out, at = {}, 0
         for r, slots in zip(layout.requests, layout.slots):
-            block = slice(at, at + r.rows)
+            block = slice(at, at + r.batch_rows)
             own = JointRows(cache._buffer, block, torch.cat([slots, torch.arange(start + width - r.width, start + width)]))
             out[id(r)] = (logits[block, keep - r.logits_to_keep :], own)
-            at += r.rows
+            at += r.batch_rows
         self.joint.keep(layout, cache, [out[id(r)][1] for r in layout.requests])
         return [out[id(r)] for r in requests]
 
@@ -318,6 +324,22 @@ def check_causal(config) -> None:
                          "token by token; use a decoder-only causal LM (or a config with is_decoder=True)")
 
 
+def _check_limit(value, name: str) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be a positive int (or None: no limit), got {value!r}")
+    return value
+
+
+def _token_bytes(config, dtype) -> int:
+    """KV bytes one token of one row takes: keys and values of every layer."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(text, "num_attention_heads", None) or getattr(text, "n_head", 1)
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or (getattr(text, "hidden_size", None) or getattr(text, "n_embd", 0)) // heads
+    layers = getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer", 0)
+    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
 def _check_chunk(size) -> int:
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"prefill_chunk must be a positive int of tokens, got {size!r}")
@@ -326,7 +348,7 @@ def _check_chunk(size) -> int:
 
 def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, compile: bool | str | dict = False,
                  prefix_cache: int | str | None = None, prefill_chunk: int = PREFILL_CHUNK,
-                 **from_pretrained) -> Transformers:
+                 max_rows: int | None = None, max_kv: int | str | None = None, **from_pretrained) -> Transformers:
     """A local transformers model.
 
     Parameters
@@ -360,6 +382,11 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
     prefill_chunk
         While other calls are decoding, a long prompt is forwarded this many tokens at a
         time, between their steps, so that it does not stall them.
+    max_rows, max_kv
+        Most rows (prompts x samples), and bytes of KV cache (an int, or a string such as
+        ``"4GB"``: each call reserves its rows x its longest prompt plus ``max_tokens``), that
+        the calls running at once may hold; past either, calls wait for room, and a call
+        that could never fit is refused. ``None``: no limit.
     **from_pretrained
         Given to ``from_pretrained`` when loading from a path (``device_map``,
         ``attn_implementation``, ``trust_remote_code``, ``revision``, ``gguf_file``...);
@@ -369,7 +396,7 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
     -------
     Transformers
         The same object for the same loaded HF model and options, so its ``stats`` (and its
-        scheduler and prefix cache) are shared, while the model keeps its device and dtype
+        engine and prefix cache) are shared, while the model keeps its device and dtype
         (one moved or cast gets a new wrapper).
 
     Raises
@@ -388,7 +415,8 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
     _check_head(model)
     if device is not None or dtype not in (None, "auto"):
         model = model.to(device=device, dtype=None if dtype == "auto" else dtype)
-    return _wrapper(model, tokenizer, compile, prefill_chunk, prefix_cache)
+    return _wrapper(model, tokenizer, dict(compile=compile, prefill_chunk=prefill_chunk, prefix_cache=prefix_cache,
+                                           max_rows=max_rows, max_kv=max_kv))
 
 
 def _model_and_tokenizer(model_or_path, tokenizer, dtype, from_pretrained: dict):
@@ -405,17 +433,16 @@ def _model_and_tokenizer(model_or_path, tokenizer, dtype, from_pretrained: dict)
     return model_or_path, tokenizer
 
 
-def _wrapper(model, tokenizer, compile, prefill_chunk: int, prefix_cache) -> Transformers:
+def _wrapper(model, tokenizer, options: dict) -> Transformers:
     """One wrapper per model and options, reused while it describes the model: moved or cast
     (in place, as ``model.to`` does), the model gets a new one."""
     wrappers = _WRAPPED.setdefault(model, {})
-    key = (id(tokenizer), tuple(sorted(compile.items())) if isinstance(compile, dict) else compile, prefill_chunk,
-           prefix_cache)
+    key = (id(tokenizer),) + tuple(tuple(sorted(v.items())) if isinstance(v, dict) else v for v in options.values())
     wrapped = wrappers.get(key)
     weights = next(model.parameters())
     if (wrapped is None or wrapped.tokenizer is not tokenizer or wrapped.dtype != weights.dtype
             or wrapped.device != weights.device):
-        wrapped = wrappers[key] = Transformers(model, tokenizer, compile, prefill_chunk, prefix_cache)
+        wrapped = wrappers[key] = Transformers(model, tokenizer, **options)
     return wrapped
 
 

@@ -86,8 +86,8 @@ def build_app(model, *, name: str, max_queue: int = 64, think: bool | int | None
     thinking(think, model.tokenizer)  # unknown markers fail now, not at every request
     served = Served(model, name, max_queue, think)
 
-    # Calls in flight run their steps on the model's own worker threads (its scheduler's),
-    # as many as there are calls, so that they share the model's forward passes.
+    # Calls in flight are stepped together by the model's engine (one loop for every call's
+    # rows), so that they share the model's forward passes.
     app = FastAPI(title="continuous")
     app.state.served = served
     _errors(app)

@@ -14,7 +14,7 @@ def test_select_moves_every_per_row_field_together(model):
     rows = Rows.from_texts(model.tokenizer, ["a", "b c d"])
     constraint = regex("[0-9]+", model.tokenizer)
     batch = Decoding(model, rows, torch.tensor([-1.0, -2.0]), constraint,
-                     Options(sampler=multinomial(), max_tokens=3)).batch
+                     Options(sampler=multinomial(), max_tokens=3)).prepare().batch
     batch.gained[:, 0] = torch.tensor([0.5, 0.25])
     before = {f.name: getattr(batch, f.name) for f in fields(batch)}
     batch.select([1, 1, 0], torch.tensor([1, 1, 0]))

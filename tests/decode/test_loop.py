@@ -48,9 +48,9 @@ class _EndsRowAt(Transformers):
         super().__init__(hf, tok)
         self.row, self.at = row, at
 
-    def forward(self, input_ids, attention_mask, cache, logits_to_keep=1, **kwargs):
-        logits, out = super().forward(input_ids, attention_mask, cache, logits_to_keep, **kwargs)
-        if out.length == self.at and input_ids.shape[0] > self.row:
+    def _run_one(self, request, compiled=True):  # every forward, of the engine's steps or direct
+        logits, out = super()._run_one(request, compiled)
+        if out.length == self.at and request.input_ids.shape[0] > self.row:
             logits = logits.clone()
             logits[self.row, -1, self.tokenizer.eos_token_id] = 1e4
         return logits, out

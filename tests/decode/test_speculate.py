@@ -303,7 +303,7 @@ def test_extraction_on_a_trained_model_is_unchanged_and_takes_fewer_forwards():
 
 
 def test_concurrent_calls_with_and_without_drafts_each_equal_the_call_alone(model, other):
-    """The scheduler merges forwards that keep logits for drafts with those that keep one."""
+    """The engine merges forwards that keep logits for drafts with those that keep one."""
     from concurrent.futures import ThreadPoolExecutor
 
     prompt = "the cat sat the cat sat the cat"

@@ -15,10 +15,16 @@ def _states(model):
     return [gen(p, max_tokens=3) for p in ("User: tell me about Lima.\nAssistant:", "Once upon", "A list: 1, 2,")]
 
 
-def _step(cache, token):
-    """A one-token request continuing ``cache`` (a single row whose every slot is a real token)."""
+def _step(cache, token, call=None):
+    """A one-token request of engine call ``call`` continuing ``cache`` (a single row whose every
+    slot is a real token)."""
     return Request(torch.full((1, 1), token), torch.ones((1, cache.length + 1), dtype=torch.long), cache, 1, None,
-                   True)
+                   True, call)
+
+
+def _steps(caches, token):
+    """One request per call (call ``i`` continues ``caches[i]``)."""
+    return [_step(c, token, i) for i, c in enumerate(caches)]
 
 
 def test_rounds_of_the_same_calls_keep_the_stacked_cache_and_compute_as_alone(model, monkeypatch):
@@ -27,7 +33,7 @@ def test_rounds_of_the_same_calls_keep_the_stacked_cache_and_compute_as_alone(mo
     monkeypatch.setattr(joint_module, "stack", lambda *a: stacked.append(1) or real_stack(*a))
     caches = [s._rows.cache for s in _states(model)]
     for round_ in range(4):
-        requests = [_step(c, 7 + round_) for c in caches]
+        requests = _steps(caches, 7 + round_)
         alone = [model._run_one(Request(q.input_ids, q.attention_mask, q.cache, 1, None, True)) for q in requests]
         for q, (_, c) in zip(requests, alone):
             c.release(q.cache.length)  # the reference's slots go back: the merged round appends there
@@ -37,7 +43,7 @@ def test_rounds_of_the_same_calls_keep_the_stacked_cache_and_compute_as_alone(mo
         caches = [cache for _, cache in merged]
     assert len(stacked) == 1  # stacked once, then appended to
     # A call that leaves (another set of caches) makes the next round stack again.
-    model._run_joint([_step(c, 5) for c in caches[:2]])
+    model._run_joint(_steps(caches[:2], 5))
     assert len(stacked) == 2
 
 
@@ -53,10 +59,10 @@ def test_a_call_holds_its_rows_of_the_stacked_cache_until_read_and_one_that_left
     alone, merged = list(caches), list(caches)
     for round_ in range(3):
         alone = [model._run_one(_step(c, 7 + round_))[1] for c in alone]
-        merged = [c for _, c in model._run_joint([_step(c, 7 + round_) for c in merged])]
+        merged = [c for _, c in model._run_joint(_steps(merged, 7 + round_))]
     assert all(isinstance(c, JointRows) and c._own is None for c in merged)  # nothing copied yet
     left = merged[2]
-    model._run_joint([_step(c, 5) for c in merged[:2]])  # the third call left: the stack is made again
+    model._run_joint(_steps(merged[:2], 5))  # the third call left: the stack is made again
     assert left._own is not None and left._source is None  # copied out: the old stacked buffer is not held
     for a, m in zip(alone, merged):
         assert a.length == m.length and m.rows == a.rows
@@ -68,7 +74,7 @@ def test_a_call_holds_its_rows_of_the_stacked_cache_until_read_and_one_that_left
 
 def test_accounting_does_not_copy_the_rows_out_and_a_finished_call_owns_its_cache(model):
     caches = [s._rows.cache for s in _states(model)]
-    merged = [c for _, c in model._run_joint([_step(c, 7) for c in caches])]
+    merged = [c for _, c in model._run_joint(_steps(caches, 7))]
     buffer, nbytes = merged[0].storage()
     assert merged[0]._own is None and buffer is merged[1].storage()[0]  # one stacked buffer, shared
     assert nbytes == buffer.nbytes

@@ -13,6 +13,7 @@ from support.streams import drained
 
 from continuous import continuous, generate, models
 from continuous.models.scheduler import Request, split
+from continuous.prefix import parse_bytes
 
 
 class City(BaseModel):
@@ -117,7 +118,7 @@ class _Boom:
 
 @pytest.mark.filterwarnings("ignore:the model's context")
 def test_a_failing_cancelled_or_cut_call_leaves_the_others_unchanged(hf_model, tokenizer):
-    model = models.transformers(hf_model, tokenizer, prefill_chunk=64)  # its own scheduler
+    model = models.transformers(hf_model, tokenizer, prefill_chunk=64)  # its own engine
     gen = continuous(generate.text(model))
     others = [(f"User: tell me about {w}.\nAssistant:", 20) for w in ("Lima", "Oslo", "Kyoto", "Perth")]
     alone = [gen(p, max_tokens=n) for p, n in others]
@@ -150,21 +151,21 @@ def test_a_failing_cancelled_or_cut_call_leaves_the_others_unchanged(hf_model, t
     assert short.finish_reasons == ["context"]
     # Nothing is left waiting: a call alone runs at once.
     assert list(gen("Hi", max_tokens=4)) == list(gen("Hi", max_tokens=4))
-    assert not model.scheduler.waiting
+    assert not model.engine.table.waiting and not model.engine.table.calls
 
 
 def test_a_long_prefill_is_cut_into_chunks_between_other_calls_steps(hf_model, tokenizer):
     model = models.transformers(hf_model, tokenizer, prefill_chunk=16)
     gen = continuous(generate.text(model))
     widths, lock = [], threading.Lock()
-    run_one = model.scheduler.run_one
+    run_one = model.engine.run_one
 
     def spy(request):
         with lock:
             widths.append(request.width)
         return run_one(request)
 
-    model.scheduler.run_one = spy
+    model.engine.run_one = spy
     long_prompt = " ".join(["story"] * 80)
     alone_long = gen(long_prompt, max_tokens=4)
     alone_short = gen("Hello", max_tokens=60)
@@ -225,8 +226,8 @@ def test_split_takes_every_request_once_and_never_pads_a_group_past_twice_its_to
     taken = [r for g in groups for r in g] + wide
     assert sorted(map(id, taken)) == sorted(map(id, batch))
     for g in groups:
-        real = sum(r.rows * r.width for r in g)
-        assert sum(r.rows for r in g) * max(r.width for r in g) <= 2 * real or len(g) == 1
+        real = sum(r.batch_rows * r.width for r in g)
+        assert sum(r.batch_rows for r in g) * max(r.width for r in g) <= 2 * real or len(g) == 1
     assert all(r.width > 512 for r in wide)
 
 
@@ -239,3 +240,155 @@ def test_a_request_is_chunked_so_that_its_last_chunk_keeps_its_logits():
     tail = Request(torch.zeros((2, 7), dtype=torch.long), None, None, logits_to_keep=5)
     assert tail.chunk(4).width == 2  # leaves 5 slots: the logits asked for
     assert _request(4).chunk(16) is None
+
+
+def _own_rows_only(state):
+    """The state's cache is a buffer of its own rows (no other call's rows stacked beside them)."""
+    buffer, nbytes = state._rows.cache.storage()
+    return buffer.keys[0].shape[0] == state._rows.n_rows and state.cache_bytes.alone + state.cache_bytes.shared == nbytes
+
+
+def test_two_calls_continuing_the_same_state_at_once_each_equal_the_call_alone(model):
+    gen = continuous(generate.text(model))
+    prompts = ["User: hello.\nAssistant: Nice to meet", "User: where do you live?\nAssistant:"]
+
+    async def made():
+        return await asyncio.gather(*[gen.acall(p, max_tokens=4) for p in prompts])
+
+    first, second = asyncio.run(made())  # made together: their caches were stacked, and they ended together
+    # Exactly as many calls as the last merged step had, all continuing one of its states.
+    pair = [(first, " you. User: I live in", {}), (first, " you too!", dict(temperature=0.8, seed=4))]
+    turns = pair + [(second, " In Paris", {}), (first, " you. User: I live in", dict(temperature=0.8, seed=4))]
+    alone = [gen(s + t, max_tokens=10, **k) for s, t, k in turns]
+
+    async def together(calls):
+        return await asyncio.gather(*[gen.acall(s + t, max_tokens=10, **k) for s, t, k in calls])
+
+    for calls in (pair, turns, turns):
+        for a, b in zip(alone, asyncio.run(together(calls))):
+            _same(a, b)
+            assert _own_rows_only(b)
+    with ThreadPoolExecutor(len(turns)) as pool:
+        threaded = list(pool.map(lambda x: gen(x[0] + x[1], max_tokens=10, **x[2]), turns))
+    for a, b in zip(alone, threaded):
+        _same(a, b)
+
+
+def test_a_state_continued_while_its_call_still_holds_its_rows_equals_it_continued_alone(model):
+    gen = continuous(generate.text(model))
+
+    async def main():
+        stream = gen.astream("User: tell me about Lima.\nAssistant:", max_tokens=30)
+        other = asyncio.ensure_future(gen.acall("Once upon a time", max_tokens=30))
+        got = []
+        async for piece in stream:
+            got.append(piece)
+            if len(got) == 4:
+                break
+        snapshot = stream.state  # its rows are still in the stacked cache of the running calls
+        go_on = asyncio.ensure_future(gen.acall(snapshot + " And", max_tokens=12))
+        rest = [p async for p in stream]
+        return snapshot, await go_on, await other, got + rest, stream.state
+
+    snapshot, continued, other, pieces, final = asyncio.run(main())
+    _same(continued, gen((snapshot + " And").drop_cache(), max_tokens=12))
+    _same(other, gen("Once upon a time", max_tokens=30))
+    assert str(final) == "User: tell me about Lima.\nAssistant:" + "".join(pieces)
+    assert list(final) == list(gen("User: tell me about Lima.\nAssistant:", max_tokens=30))
+
+
+def test_after_the_calls_end_the_model_holds_no_cache_of_theirs(hf_model, tokenizer):
+    model = models.transformers(hf_model, tokenizer, prefill_chunk=200)  # its own engine: no other test's calls
+    gen = continuous(generate.text(model))
+    prompts = ["One", "Two words", "And three more words"]
+
+    async def together():
+        return await asyncio.gather(*[gen.acall(p, max_tokens=8) for p in prompts])
+
+    states = asyncio.run(together())
+    engine = model.engine
+    assert not engine.table.calls and not engine.table.waiting and engine.table.rows == engine.table.kv == 0
+    assert model.joint.cache is None and not model.joint.members
+    assert all(_own_rows_only(s) for s in states)
+    assert model.stats.calls_running == model.stats.calls_waiting == model.stats.kv_bytes_in_use == 0
+    assert model.stats.steps > 0 and model.stats.rows_per_step >= 1
+
+
+def test_a_call_cancelled_during_its_prefill_leaves_at_the_next_chunk_and_nobody_waits(hf_model, tokenizer):
+    model = models.transformers(hf_model, tokenizer, prefill_chunk=16)
+    gen = continuous(generate.text(model))
+    long_prompt = " ".join(["story"] * 80)
+    alone = gen("Hello", max_tokens=20)
+    engine, run_one = model.engine, model.engine.run_one
+    widths, first_chunk, cancelled = [], threading.Event(), threading.Event()
+
+    def spy(request):
+        widths.append(request.width)
+        if request.width == 16 and not first_chunk.is_set():
+            first_chunk.set()
+            cancelled.wait(30)  # the cancel arrives while this chunk runs
+        return run_one(request)
+
+    engine.run_one = spy
+
+    async def main():
+        task = asyncio.ensure_future(gen.acall(long_prompt, max_tokens=5))
+        while not first_chunk.is_set():
+            await asyncio.sleep(0.001)
+        other = asyncio.ensure_future(gen.acall("Hello", max_tokens=20))
+        task.cancel()
+        while not any(c.cancelled for c in engine.table.calls.values()):
+            await asyncio.sleep(0.001)
+        cancelled.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await other
+
+    _same(asyncio.run(main()), alone)
+    assert widths.count(16) == 1  # the prompt's first chunk only: never forwarded again
+    assert not engine.table.calls and not engine.table.waiting
+
+
+def test_calls_past_max_rows_wait_for_room_and_a_call_that_never_fits_is_refused(hf_model, tokenizer):
+    per_token = models.transformers(hf_model, tokenizer).engine.token_bytes  # KV bytes of one token of one row
+    assert per_token > 0
+    model = models.transformers(hf_model, tokenizer, max_rows=2, max_kv=100 * per_token)
+    gen = continuous(generate.text(model))
+    prompts = ["Lima is", "Oslo is", "Kyoto is", "Perth is"]
+    alone = [gen(p, max_tokens=8) for p in prompts]
+    widest, run_joint = [], model.engine.run_joint
+
+    def spy(requests):
+        widest.append(sum(r.batch_rows for r in requests))
+        return run_joint(requests)
+
+    model.engine.run_joint = spy
+
+    async def main():
+        return await asyncio.gather(*[gen.acall(p, max_tokens=8) for p in prompts])
+
+    for a, b in zip(alone, asyncio.run(main())):
+        _same(a, b)
+    assert widest and max(widest) == 2  # merged, never more than two rows at once
+    with pytest.raises(ValueError, match="max_rows=2"):
+        gen(["a", "b", "c"], max_tokens=2)
+    with pytest.raises(ValueError, match=f"max_kv={100 * per_token}"):
+        gen("Lima is", max_tokens=400)
+    with pytest.raises(ValueError, match="max_rows must be a positive int"):
+        models.transformers(hf_model, tokenizer, max_rows=0)
+    assert models.transformers(hf_model, tokenizer, max_kv="2MB").engine.table.max_kv == parse_bytes("2MB")
+
+
+def test_a_stream_dropped_unfinished_is_cancelled_and_leaves_the_engine(model):
+    import gc
+
+    gen = continuous(generate.text(model))
+    stream = gen.stream("Once upon a time", max_tokens=50)
+    next(stream)
+    call = stream._call
+    assert call.id in model.engine.table.calls  # parked: its consumer holds a piece
+    del stream
+    gc.collect()
+    assert call.cancelled  # nobody will read it: it ends at the engine's next step
+    model.engine.close(call)
+    assert call.done and call.id not in model.engine.table.calls

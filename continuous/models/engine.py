@@ -1,0 +1,416 @@
+"""One loop owns the step of every call running on a local model.
+
+A model (transformers, llama.cpp) owns one :class:`Engine`. A call is a coroutine
+(:meth:`continuous.decode.Decoding.run`) that yields its forwards instead of running
+them, and its events (the call prepared, then each step's pieces). The engine keeps the
+calls in a table (:mod:`.table`) and steps them all:
+
+1. calls cancelled since the last step are closed (their coroutine ends where it waits:
+   between two steps, or between two chunks of its prefill);
+2. waiting calls are admitted while their rows and KV bytes fit (:class:`~.table.Table`);
+3. every call whose consumer asked for something is advanced: it is sent the reply to its
+   last forward and runs its host work until it yields its next forward, or an event;
+   a piece goes to its consumer and *parks* the call (a stream nobody reads holds no step
+   back);
+4. the forwards are merged (:mod:`.scheduler`'s policy: groups that pad well, one chunk of
+   the oldest long prefill), run by the backend, and each call gets its reply; when a
+   merged forward fails, each request runs alone, so that a failure fails only its call.
+
+A step runs on whichever thread drives: a thread waiting for its own call drives while no
+other does (a call alone runs on its caller's thread, with no hand-over), and one engine
+thread per model drives for async consumers, who await futures the engine sets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import traceback
+from typing import Callable, Generator
+
+from .scheduler import PREFILL_CHUNK, Request, split
+from .table import ALL, PIECE, READY, Call, Table
+
+__all__ = ["Engine", "DONE", "GRACE"]
+
+logger = logging.getLogger(__name__)
+
+#: What a consumer gets once its call ended.
+DONE = "done"
+#: How long a step waits at least for a call that just handed a piece to its consumer
+#: (seconds); at most half of the last step's forward: a call that misses a step costs a
+#: whole forward later.
+GRACE = 0.002
+
+
+class Engine:
+    """The step loop of one model's calls.
+
+    Parameters
+    ----------
+    run_one
+        ``run_one(request) -> (logits, cache)``: the backend's forward of one request.
+    run_joint
+        ``run_joint(requests) -> [(logits, cache), ...]``: one forward for the requests of
+        several calls (each keeps its own cache); ``None`` runs them one after the other.
+    prefill_chunk
+        Tokens of a long prefill forwarded per step.
+    pads
+        Whether ``run_joint`` pads requests to a common width (see :func:`.scheduler.split`).
+    max_rows, max_kv
+        Most rows, and KV bytes, the admitted calls may hold; ``None``: no limit.
+    token_bytes
+        KV bytes one token of one row takes (what ``max_kv`` counts).
+    stats
+        The model's :class:`~.base.Stats`, where each step is recorded.
+    on_leave
+        ``on_leave(call_id)``: called once a call ended (the backend forgets its rows).
+    """
+
+    def __init__(self, run_one: Callable, run_joint: Callable | None = None, *, prefill_chunk: int = PREFILL_CHUNK,
+                 pads: bool = True, max_rows: int | None = None, max_kv: int | None = None, token_bytes: int = 0,
+                 stats=None, on_leave: Callable[[int], None] | None = None):
+        self.run_one, self.run_joint, self.prefill_chunk, self.pads = run_one, run_joint, prefill_chunk, pads
+        self.table = Table(max_rows, max_kv)
+        self.token_bytes, self.stats, self.on_leave = token_bytes, stats, on_leave
+        self.cond = threading.Condition()
+        self.driving = False
+        self.last_forward = 0.0
+        self.host = 0.0  # host seconds since the last step that forwarded
+        self.thread: threading.Thread | None = None
+
+    # -- direct forwards ---------------------------------------------------------------
+
+    def forward(self, request: Request) -> tuple:
+        """Run one request now, on this thread, outside any call's step (a long one in chunks)."""
+        while (part := request.chunk(self.prefill_chunk)) is not None:
+            _, cache = self.run_one(part)
+            request.advance(part.width, cache)
+        return self.run_one(request)
+
+    # -- the consumers' side -------------------------------------------------------------
+
+    def kv_bytes(self, rows: int, tokens: int) -> int:
+        """The KV bytes ``rows`` rows of ``tokens`` tokens take."""
+        return rows * tokens * self.token_bytes
+
+    def check(self, rows: int, tokens: int) -> None:
+        """Refuse now a call of ``rows`` rows up to ``tokens`` tokens long that could never run."""
+        self.table.check(rows, self.kv_bytes(rows, tokens))
+
+    def submit(self, steps: Generator, rows: int, tokens: int = 0) -> Call:
+        """Queue a call (its coroutine); it is admitted at a step where it fits."""
+        with self.cond:
+            call = self.table.add(steps, rows, self.kv_bytes(rows, tokens))
+            self._gauges()
+            return call
+
+    def running(self) -> int:
+        """How many calls are admitted."""
+        return len(self.table.calls)
+
+    def next(self, call: Call, what: str = PIECE):
+        """Wait for what the consumer asks of ``call``: a piece, :data:`READY`, or (with
+        ``ALL``) its end; returns it, or :data:`DONE` once the call ended. Raises the call's error.
+
+        The calling thread drives the steps while no other thread does.
+        """
+        self.ask(call, what)
+        self._drive_until(lambda: self._answer_ready(call, what))
+        with self.cond:
+            return self._answer(call, what)
+
+    async def anext(self, call: Call, what: str = PIECE):
+        """:meth:`next` for asyncio: the engine thread drives; the answer comes with no thread hop."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self.cond:
+            if not self._answer_ready(call, what):
+                self._ask(call, what)
+                call.wakers.append((loop, future))
+                self._start_thread()
+                self.cond.notify_all()
+            elif not future.done():
+                future.set_result(None)
+        await future
+        with self.cond:
+            return self._answer(call, what)
+
+    def cancel(self, call: Call) -> None:
+        """Stop ``call`` at the next step (or between two chunks of its prefill); nobody waits for it."""
+        with self.cond:
+            if not call.done:
+                call.cancelled = True
+                self._start_thread()  # it ends at the next step, whoever consumes it
+                self.cond.notify_all()
+
+    def close(self, call: Call) -> None:
+        """Cancel ``call`` and wait until it ended (driving, if no other thread does)."""
+        self.cancel(call)
+        self._drive_until(lambda: call.done)
+
+    async def aclose(self, call: Call) -> None:
+        """Cancel ``call`` and wait until it ended."""
+        if not call.done:
+            self.cancel(call)
+            await self.anext(call, ALL)
+
+    def ask(self, call: Call, what: str = PIECE) -> None:
+        """Ask ``call`` for a piece, :data:`READY` or ``ALL`` without waiting: the next step
+        advances it (a call holding an untaken piece, or asked for more already, is left as it is)."""
+        with self.cond:
+            self._ask(call, what)
+
+    def _ask(self, call: Call, what: str) -> None:
+        if (what == PIECE and call.events) or _ORDER.get(call.demand, 0) >= _ORDER[what]:
+            return
+        call.demand = what
+        self.cond.notify_all()
+
+    def _answer_ready(self, call: Call, what: str) -> bool:
+        return call.done or (what == PIECE and bool(call.events)) or (what == READY and call.ready)
+
+    def _answer(self, call: Call, what: str):
+        if what == PIECE and call.events:
+            return call.events.popleft()
+        if call.error is not None:
+            raise call.error
+        if what == READY and call.ready and not call.done:
+            return READY
+        return DONE
+
+    # -- driving -----------------------------------------------------------------------
+
+    def _drive_until(self, done: Callable[[], bool]) -> None:
+        """Drive steps while no other thread does, until ``done()`` (checked under the lock)."""
+        with self.cond:
+            while not done():
+                if self.driving or not self._has_work():
+                    self.cond.wait()
+                    continue
+                self._round()
+
+    def _start_thread(self) -> None:
+        """The engine thread, which drives for async consumers (started once per model)."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._serve, name="continuous-engine", daemon=True)
+            self.thread.start()
+
+    def _serve(self) -> None:
+        with self.cond:
+            while True:
+                if self.driving or not self._has_work():
+                    self.cond.wait()
+                    continue
+                try:
+                    self._round()
+                except BaseException as exc:  # noqa: BLE001 - a defect of the step itself: no call may hang on it
+                    logger.exception("the engine's step failed: its calls fail with its error")
+                    self._fail_all(exc)
+
+    def _fail_all(self, error: BaseException) -> None:
+        """End every call with ``error`` (with the lock held): the step itself failed."""
+        for call in list(self.table.calls.values()) + list(self.table.waiting):
+            call.done, call.error, call.request, call.demand = True, error, None, None
+            self.table.remove(call)
+            self._wake(call)
+        self._gauges()
+        self.cond.notify_all()
+
+    def _round(self) -> None:
+        """One step, driven by this thread (called with the lock held; released while stepping)."""
+        self.driving = True
+        self._linger()
+        self.cond.release()
+        try:
+            self.step()
+        finally:
+            self.cond.acquire()
+            self.driving = False
+            self.cond.notify_all()
+
+    def _linger(self) -> None:
+        """Wait (briefly) for calls that just handed a piece and will ask for the next one soon:
+        missing the step costs them a whole forward. Called with the lock held."""
+        grace = max(GRACE, min(self.last_forward / 2, 0.02))
+        while True:
+            late = [c.handed_at for c in self.table.calls.values()
+                    if c.demand is None and not c.done and not c.cancelled and c.request is None]
+            left = max(late, default=0.0) + grace - time.monotonic()
+            if left <= 0:
+                return
+            self.cond.wait(left)
+
+    def _has_work(self) -> bool:
+        """Whether a step would do anything (with the lock held)."""
+        table = self.table
+        if table.waiting and (table.waiting[0].cancelled or table.fits(table.waiting[0])):
+            return True
+        return any(c.cancelled or c.request is not None or c.demand is not None for c in table.calls.values())
+
+    # -- the step ----------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One step of every call: close the cancelled, admit, advance, forward. Returns
+        whether anything happened. Only one thread steps at a time (the driver)."""
+        began = time.perf_counter()
+        with self.cond:
+            for call in list(self.table.waiting):
+                if call.cancelled:
+                    self._end(call, None)
+            self.table.admit()
+            calls = list(self.table.calls.values())
+        moved = False
+        for call in calls:
+            if call.cancelled:
+                self._close(call)
+                moved = True
+            elif call.request is None and call.demand is not None:
+                self._advance(call)
+                moved = True
+        requests = [c.request for c in calls if not c.done and c.request is not None]
+        # Host work counts toward the next step that forwards (a step that only hands pieces out
+        # did the sampling of the step its consumers ask for next).
+        self.host += time.perf_counter() - began
+        if requests:
+            began = time.perf_counter()
+            self._forward(requests)
+            self.last_forward = time.perf_counter() - began
+            if self.stats is not None:
+                self.stats.record_step(sum(r.batch_rows for r in requests), self.host, self.last_forward)
+            self.host = 0.0
+        with self.cond:
+            self._gauges()
+            self.cond.notify_all()
+        return moved or bool(requests)
+
+    def _advance(self, call: Call) -> None:
+        """Run the call's host work until it yields a forward (kept for the step) or parks."""
+        while True:
+            reply, call.reply = call.reply, None
+            try:
+                if reply is not None and reply[1] is not None:
+                    item = call.steps.throw(reply[1])
+                else:
+                    item = call.steps.send(None if reply is None else reply[0])
+            except StopIteration:
+                self._end(call, None)
+                return
+            except BaseException as exc:  # noqa: BLE001 - the call's own failure, handed to its consumer
+                # The error keeps its traceback, not the call's locals: its caches (a llama.cpp
+                # sequence, KV memory) are freed now, not when the consumer drops the error.
+                traceback.clear_frames(exc.__traceback__)
+                self._end(call, exc)
+                return
+            if isinstance(item, Request):
+                item.call, call.request = call.id, item
+                call.start = item.cache.length if item.cache is not None else 0
+                return
+            if item != READY and call.first_piece_at is None:
+                call.first_piece_at = time.monotonic()
+            with self.cond:
+                if item == READY:
+                    call.ready = True
+                    if call.demand != READY:
+                        continue
+                elif call.demand == PIECE:
+                    call.events.append(item)
+                    call.handed_at = time.monotonic()
+                elif not call.cancelled:
+                    continue  # ALL: the piece is dropped
+                call.demand = None
+                self._wake(call)
+                return
+
+    def _close(self, call: Call) -> None:
+        """End a cancelled call where its coroutine waits; its pending forward is dropped."""
+        request, call.request = call.request, None
+        if request is not None and request.cache is not None and call.start and request.cache.length > call.start:
+            request.cache.release(call.start)  # a prefill cut between chunks: its slots go back
+        try:
+            call.steps.close()
+        except BaseException as exc:  # noqa: BLE001 - handed to its consumer
+            self._end(call, exc)
+            return
+        self._end(call, None)
+
+    def _end(self, call: Call, error: BaseException | None) -> None:
+        if self.on_leave is not None:  # before its consumer hears of it: the backend holds none of its rows
+            try:
+                self.on_leave(call.id)
+            except Exception:  # noqa: BLE001 - its rows stay where they are: still right, only not freed
+                logger.exception("the backend could not let go of a call's rows")
+        with self.cond:
+            call.done, call.error, call.request = True, error, None
+            call.demand = None
+            self.table.remove(call)
+            self._gauges()
+            self._wake(call)
+            self.cond.notify_all()
+
+    def _wake(self, call: Call) -> None:
+        """Tell the call's async consumers (with the lock held)."""
+        wakers, call.wakers = call.wakers, []
+        for loop, future in wakers:
+            loop.call_soon_threadsafe(_resolve, future)
+
+    def _forward(self, requests: list[Request]) -> None:
+        """The merged forwards of a step: each group that pads well, then a chunk of the oldest long one."""
+        groups, wide = split(requests, self.prefill_chunk, self.pads)
+        for group in groups:
+            run = (lambda g=group: self.run_joint(g)) if len(group) > 1 and self.run_joint else None
+            self._settle(group, run)
+        if not wide:
+            return
+        first = wide[0]
+        part = first.chunk(self.prefill_chunk)
+        if part is None:
+            self._settle([first], None)
+            return
+        try:
+            _, cache = self.run_one(part)
+        except BaseException as exc:  # noqa: BLE001 - handed to its call
+            self._reply(first, None, exc)
+            return
+        first.advance(part.width, cache)  # the call's next step forwards the next chunk (unless cancelled)
+
+    def _settle(self, requests: list[Request], run: Callable[[], list] | None) -> None:
+        """Run requests together (``run``), or each alone; when together fails, each alone, so
+        that one bad request fails only its call."""
+        if run is not None:
+            try:
+                results = run()
+            except BaseException:  # noqa: BLE001 - each request again, alone
+                pass
+            else:
+                for r, result in zip(requests, results):
+                    self._reply(r, result, None)
+                return
+        for r in requests:
+            try:
+                result = self.run_one(r)
+            except BaseException as exc:  # noqa: BLE001 - handed to its call
+                self._reply(r, None, exc)
+            else:
+                self._reply(r, result, None)
+
+    def _reply(self, request: Request, result, error) -> None:
+        call = self.table.calls.get(request.call)
+        if call is not None:
+            call.request, call.reply = None, (result, error)
+
+    def _gauges(self) -> None:
+        if self.stats is not None:
+            self.stats.set_gauges(calls_running=len(self.table.calls), calls_waiting=len(self.table.waiting),
+                                  rows_in_use=self.table.rows, kv_bytes_in_use=self.table.kv)
+
+
+#: What a consumer may ask, from least to most: a call asked for more keeps going.
+_ORDER = {READY: 1, PIECE: 2, ALL: 3}
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -1,0 +1,185 @@
+"""The engine's step, driven by hand with a fake backend: joins, leaves, parking, cancellation,
+admission and failures, with no clock and no thread."""
+
+import pytest
+import torch
+
+from continuous.models.engine import DONE, Engine
+from continuous.models.scheduler import Request
+from continuous.models.table import ALL, PIECE, READY
+
+
+class _Cache:
+    def __init__(self, length):
+        self.length, self.released = length, None
+
+    def release(self, length):
+        self.released = length
+
+
+class _Backend:
+    """Records each forward as the call ids and widths it ran; fails where a request's ids hold -1."""
+
+    def __init__(self):
+        self.forwards = []
+
+    def _result(self, r):
+        if bool((r.input_ids == -1).any()):
+            raise RuntimeError("bad request")
+        start = r.cache.length if r.cache is not None else 0
+        return torch.zeros((r.batch_rows, r.logits_to_keep, 4)), _Cache(start + r.width)
+
+    def run_one(self, r):
+        self.forwards.append([(r.call, r.width)])
+        return self._result(r)
+
+    def run_joint(self, requests):
+        self.forwards.append([(r.call, r.width) for r in requests])
+        return [self._result(r) for r in requests]
+
+
+def _call(name, prompt, steps, log, bad_at=None):
+    """A call's coroutine: its prefill, READY, then per step a piece and a one-token forward."""
+    try:
+        _, cache = yield Request(torch.zeros((1, prompt), dtype=torch.long), None, None)
+        yield READY
+        for i in range(steps):
+            yield [f"{name}{i}"]
+            token = -1 if i == bad_at else 0
+            _, cache = yield Request(torch.full((1, 1), token), None, cache)
+        yield [f"{name}-end"]
+    finally:
+        log.append(name)
+
+
+@pytest.fixture
+def backend():
+    return _Backend()
+
+
+def _engine(backend, **options):
+    left = []
+    engine = Engine(backend.run_one, backend.run_joint, on_leave=left.append, **options)
+    return engine, left
+
+
+def _take(call):
+    return call.events.popleft() if call.events else None
+
+
+def test_a_call_joins_at_the_next_step_and_leaves_when_it_ends(backend):
+    engine, left = _engine(backend)
+    log = []
+    a = engine.submit(_call("a", 3, 3, log), rows=1)
+    engine.ask(a, ALL)
+    engine.step()  # a's prefill
+    assert backend.forwards == [[(a.id, 3)]]
+    b = engine.submit(_call("b", 2, 1, log), rows=1)
+    engine.ask(b, ALL)
+    engine.step()  # b's prefill and a's first token: one merged forward (they pad well)
+    assert backend.forwards[-1] == [(a.id, 1), (b.id, 2)] or backend.forwards[-1] == [(b.id, 2), (a.id, 1)]
+    engine.step()
+    assert sorted(backend.forwards[-1]) == sorted([(a.id, 1), (b.id, 1)])
+    engine.step()  # b ends; a forwards its last token alone
+    assert b.done and b.error is None and left == [b.id] and log == ["b"]
+    assert backend.forwards[-1] == [(a.id, 1)]
+    engine.step()
+    assert a.done and left == [b.id, a.id] and not engine.table.calls and engine.table.rows == 0
+
+
+def test_a_call_whose_consumer_holds_a_piece_is_parked_and_holds_nobody_back(backend):
+    engine, _ = _engine(backend)
+    log = []
+    slow = engine.submit(_call("slow", 2, 5, log), rows=1)
+    fast = engine.submit(_call("fast", 2, 3, log), rows=1)
+    engine.ask(slow, PIECE)
+    engine.ask(fast, ALL)
+    engine.step()  # both prefills
+    engine.step()  # slow hands its first piece and parks; fast forwards its first token
+    assert _take(slow) == ["slow0"] and slow.demand is None and slow.request is None
+    for _ in range(4):
+        engine.step()
+    assert fast.done and not slow.done
+    assert all(slow.id not in [c for c, _ in f] for f in backend.forwards[2:])  # never waited for, never forwarded
+    engine.ask(slow, PIECE)  # the consumer comes back: the call goes on where it was
+    engine.step()
+    assert backend.forwards[-1] == [(slow.id, 1)]
+    engine.step()  # its next piece is computed from that forward's logits
+    assert _take(slow) == ["slow1"] and len(backend.forwards) == 5  # parked again: nothing to forward
+
+
+def test_a_call_cancelled_between_the_chunks_of_its_prefill_leaves_and_is_never_forwarded_again(backend):
+    engine, left = _engine(backend, prefill_chunk=4)
+    log = []
+    long = engine.submit(_call("long", 11, 2, log), rows=1)
+    other = engine.submit(_call("other", 2, 6, log), rows=1)
+    engine.ask(long, ALL)
+    engine.ask(other, ALL)
+    engine.step()  # other's prefill, and the long prompt's first chunk
+    assert sorted(backend.forwards) == sorted([[(other.id, 2)], [(long.id, 4)]])
+    engine.cancel(long)
+    assert not long.done  # nothing waits for it: it ends at the next step
+    engine.step()
+    assert long.done and long.error is None and log == ["long"] and left == [long.id]
+    assert backend.forwards[-1] == [(other.id, 1)]
+    for _ in range(8):
+        engine.step()
+    assert other.done
+    forwarded = sum(w for f in backend.forwards for c, w in f if c == long.id)
+    assert forwarded == 4  # one chunk, once
+    with engine.cond:
+        assert engine._answer(long, PIECE) == DONE
+
+
+def test_admission_by_rows_and_kv_bytes_waits_for_room_and_refuses_what_never_fits(backend):
+    engine, _ = _engine(backend, max_rows=3, max_kv=1000, token_bytes=10)
+    log = []
+    with pytest.raises(ValueError, match="max_rows=3"):
+        engine.submit(_call("wide", 1, 1, log), rows=4)
+    with pytest.raises(ValueError, match="max_kv=1000"):
+        engine.submit(_call("long", 1, 1, log), rows=1, tokens=101)
+    first = engine.submit(_call("a", 1, 1, log), rows=2, tokens=10)
+    second = engine.submit(_call("b", 1, 1, log), rows=1, tokens=90)  # rows fit, KV bytes do not
+    third = engine.submit(_call("c", 1, 1, log), rows=1, tokens=10)  # waits behind b: oldest first
+    for call in (first, second, third):
+        engine.ask(call, ALL)
+    engine.step()
+    assert list(engine.table.calls) == [first.id] and engine.table.kv == 200
+    while not first.done:
+        engine.step()
+    assert not engine.table.calls and len(engine.table.waiting) == 2
+    engine.step()  # admitted at the next step, both: 900 + 100 bytes
+    assert second.id in engine.table.calls and third.id in engine.table.calls
+    while engine.table.calls:
+        engine.step()
+    assert second.done and third.done and engine.table.rows == engine.table.kv == 0
+
+
+def test_a_failed_merged_forward_fails_only_its_call(backend):
+    engine, left = _engine(backend)
+    log = []
+    bad = engine.submit(_call("bad", 2, 4, log, bad_at=1), rows=1)
+    good = engine.submit(_call("good", 2, 4, log), rows=1)
+    for call in (bad, good):
+        engine.ask(call, ALL)
+    for _ in range(3):
+        engine.step()
+    # The merged forward failed, so each request ran again alone: only bad's failed.
+    assert backend.forwards[-3:] == [[(bad.id, 1), (good.id, 1)], [(bad.id, 1)], [(good.id, 1)]]
+    engine.step()  # the error is raised where bad forwarded: its coroutine ends with it
+    assert bad.done and isinstance(bad.error, RuntimeError) and "bad" in log
+    with pytest.raises(RuntimeError, match="bad request"):
+        with engine.cond:
+            engine._answer(bad, PIECE)
+    while not good.done:
+        engine.step()
+    assert good.error is None and left == [bad.id, good.id]
+
+
+def test_a_consumer_drives_its_call_alone_on_its_own_thread(backend):
+    engine, _ = _engine(backend)
+    log = []
+    call = engine.submit(_call("solo", 3, 2, log), rows=1)
+    assert engine.next(call, READY) == READY and call.demand is None
+    assert [engine.next(call) for _ in range(3)] == [["solo0"], ["solo1"], ["solo-end"]]
+    assert engine.next(call) == DONE and engine.thread is None  # no engine thread was needed
