@@ -15,8 +15,8 @@ import json
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 #: Options of one backend only, by the backend (``transformers``, ``llamacpp``, ``remote``).
-ONLY = {"dtype": "transformers", "device": "transformers", "compile": "transformers",
-        "n_ctx": "llamacpp", "max_length": "remote", "max_batch": "remote"}
+ONLY = {"dtype": "transformers", "device": "transformers", "compile": "transformers", "max_rows": "transformers",
+        "max_kv": "transformers", "n_ctx": "llamacpp", "max_length": "remote", "max_batch": "remote"}
 
 
 def _size(text: str) -> str | int | None:
@@ -67,6 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compile", nargs="?", type=_compile, const=True, default=None, metavar="MODE|JSON",
                         help="compile decode steps with torch.compile: alone, the default mode; or a mode "
                              "('max-autotune'); or inductor's options as JSON ('{\"freezing\": true}')")
+    parser.add_argument("--max-rows", type=int, default=None,
+                        help="most rows (prompts x samples) decoding at once; calls past it wait for room")
+    parser.add_argument("--max-kv", type=_size, default=None, metavar="BYTES",
+                        help="most KV-cache bytes the running calls may reserve (e.g. 4GB); calls past it wait")
     parser.add_argument("--n-ctx", type=int, default=None,
                         help="a GGUF model's KV cells, shared by every live state (default 4096)")
     parser.add_argument("--initial-peers", nargs="+", default=None, metavar="MULTIADDR",
@@ -97,7 +101,7 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse what the arguments cannot mean together (exits with a usage message)."""
     if args.max_queue < 1:
         parser.error("--max-queue must be at least 1")
-    for name in ("threads", "n_ctx", "max_length", "max_batch"):
+    for name in ("threads", "n_ctx", "max_length", "max_batch", "max_rows"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.initial_peers and args.model.lower().endswith(".gguf"):
@@ -137,7 +141,7 @@ def load(args: argparse.Namespace):
                                   **{k: v for k, v in options.items() if v is not None})
         else:
             options = {"device": args.device, "dtype": args.dtype, "prefix_cache": args.prefix_cache,
-                       "compile": args.compile}
+                       "compile": args.compile, "max_rows": args.max_rows, "max_kv": args.max_kv}
             model = models.transformers(args.model, **{k: v for k, v in options.items() if v is not None})
     if args.chat_template is not None:
         with open(args.chat_template, encoding="utf-8") as f:

@@ -120,6 +120,8 @@ class _ModelCollector:
     def collect(self):
         stats = self.model.stats
         names = [f.name for f in dataclasses.fields(stats)] if dataclasses.is_dataclass(stats) else list(vars(stats))
+        # and its averages (rows_per_step, host_ms_per_step...): properties of its class
+        names += [n for n in dir(type(stats)) if isinstance(getattr(type(stats), n), property) and n not in names]
         for name in names:
             value = getattr(stats, name, None)
             if name.startswith("_") or isinstance(value, bool) or not isinstance(value, (int, float)):

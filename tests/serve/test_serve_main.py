@@ -64,7 +64,14 @@ def test_compile_takes_a_mode_or_inductor_options_as_json():
         {"freezing": True, "max_autotune": True}
 
 
+def test_admission_limits_are_a_transformers_model_s():
+    args = parse_args(["m", "--max-rows", "8", "--max-kv", "4GB"])
+    assert (args.max_rows, args.max_kv) == (8, "4GB") and parse_args(["m", "--max-kv", "1024"]).max_kv == 1024
+
+
 @pytest.mark.parametrize("argv, says", [
+    (["m.gguf", "--max-rows", "8"], "--max-rows is for a transformers model"),
+    (["m", "--max-rows", "0"], "--max-rows must be at least 1"),
     (["m", "--compile", "{freezing}"], "JSON"),
     (["m", "--compile", '{"a": 1'], "JSON"),
     (["m.gguf", "--compile"], "--compile is for a transformers model"),

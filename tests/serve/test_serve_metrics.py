@@ -134,6 +134,14 @@ def test_stats_a_backend_adds_are_exported_and_apps_keep_their_own_counts(chat_m
         assert scrape(http_two)["continuous_requests_finished_total"] == 0
 
 
+def test_the_engine_s_steps_are_exported(app):
+    with TestClient(app) as http, in_process(app) as client:
+        client.completions.create(model=NAME, prompt=PROMPT, max_tokens=3)
+        metrics = scrape(http)
+    assert metrics["continuous_model_steps"] >= 3 and metrics["continuous_model_rows_per_step"] >= 1
+    assert metrics["continuous_model_forward_ms_per_step"] > 0 and "continuous_model_kv_bytes_in_use" in metrics
+
+
 def test_a_request_ended_before_its_first_token_counts_as_finished_and_starts_nothing(chat_model):
     app = build_app(chat_model, name=NAME)
     served = app.state.served
