@@ -180,7 +180,7 @@ def test_tools_with_a_json_response_format_are_refused_and_with_a_text_one_answe
             with pytest.raises(openai.BadRequestError) as refused:
                 await api.chat.completions.create(model=NAME, messages=MESSAGES, tools=TOOLS, max_tokens=8,
                                                   response_format=response_format)
-            assert refused.value.param == "response_format" and "not both" in refused.value.message
+            assert refused.value.param == "response_format" and "one constraint" in refused.value.message
         answer = await api.chat.completions.create(model=NAME, messages=MESSAGES, tools=TOOLS, max_tokens=200,
                                                    response_format={"type": "text"}, tool_choice="required",
                                                    temperature=0)
