@@ -14,3 +14,40 @@ def accepts(gen, text: str) -> bool:
             return False
         matcher.advance(t)
     return matcher.accepting()
+
+
+def arithmetic(s: str) -> bool:
+    """Whether ``s`` is in ARITH's language (a recursive-descent parser, the grammar's twin)."""
+    pos = 0
+
+    def factor():
+        nonlocal pos
+        if pos < len(s) and s[pos].isdigit():
+            while pos < len(s) and s[pos].isdigit():
+                pos += 1
+            return True
+        if pos < len(s) and s[pos] == "(":
+            pos += 1
+            if not expr() or pos >= len(s) or s[pos] != ")":
+                return False
+            pos += 1
+            return True
+        return False
+
+    def chain(item, ops):
+        nonlocal pos
+        if not item():
+            return False
+        while pos < len(s) and s[pos] in ops:
+            pos += 1
+            if not item():
+                return False
+        return True
+
+    def term():
+        return chain(factor, "*/")
+
+    def expr():
+        return chain(term, "+-")
+
+    return expr() and pos == len(s)

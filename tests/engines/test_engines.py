@@ -10,6 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.models import build_tokenizer, real_tokenizer
+from support.constraints import arithmetic
 
 from continuous.engines import ENGINES
 from continuous.engines import llguidance as llg
@@ -275,43 +276,6 @@ term: factor (("*" | "/") factor)*
 factor: NUMBER | "(" expr ")"
 NUMBER: /[0-9]+/
 """
-
-
-def arithmetic(s: str) -> bool:
-    """Whether ``s`` is in ARITH's language (a recursive-descent parser, the grammar's twin)."""
-    pos = 0
-
-    def factor():
-        nonlocal pos
-        if pos < len(s) and s[pos].isdigit():
-            while pos < len(s) and s[pos].isdigit():
-                pos += 1
-            return True
-        if pos < len(s) and s[pos] == "(":
-            pos += 1
-            if not expr() or pos >= len(s) or s[pos] != ")":
-                return False
-            pos += 1
-            return True
-        return False
-
-    def chain(item, ops):
-        nonlocal pos
-        if not item():
-            return False
-        while pos < len(s) and s[pos] in ops:
-            pos += 1
-            if not item():
-                return False
-        return True
-
-    def term():
-        return chain(factor, "*/")
-
-    def expr():
-        return chain(term, "+-")
-
-    return expr() and pos == len(s)
 
 
 @SLOW

@@ -5,9 +5,7 @@ import random
 import re
 
 import pytest
-from test_engines import (
-    arithmetic as expression,  # the recursive-descent twin of its ARITH grammar
-)
+from support.constraints import arithmetic as expression  # the recursive-descent twin of its grammar
 
 from continuous import continuous, generate, samplers
 
