@@ -16,6 +16,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 from typing import Any, AsyncIterator
 
+import anyio
+
 from .. import chat, generate, samplers
 from ..engines.tools import Written
 from ..generate.tools import _described
@@ -146,7 +148,8 @@ class Call:
                     step.append(delta)
                 yield step
         finally:  # however the stream ends (a client gone too), its rows leave the model's steps
-            await stream.aclose()
+            with anyio.CancelScope(shield=True):  # before its queue slot does, a client gone too
+                await stream.aclose()
         final = self.rows(stream.state)
         yield [Delta(row.text[sent[r]:], (row.logprobs or [])[logged[r]:], row.finish_reason,
                      tool_calls=calls[r].rest(row.tool_calls), choice_scores=row.choice_scores) for r, row in enumerate(final)]
