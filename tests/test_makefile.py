@@ -67,7 +67,10 @@ def test_the_llama_cpp_extra_is_built_once_from_the_tested_pin_and_never_by_the_
     guard = next(line for line in plan.splitlines() if "llama_cpp_python-" in line and ".whl" in line)
     assert f"{tmp_path / 'wheels'}\"/llama_cpp_python-{version}-" in guard and guard.rstrip().endswith("|| \\")
     assert "CMAKE_BUILD_PARALLEL_LEVEL=" in plan
-    assert f'pip wheel --quiet --no-deps --wheel-dir "{tmp_path / "wheels"}"' in plan
+    # Built for AVX2 (not -march=native, whose AMX kernels crash on some VMs), never from pip's cache of
+    # a wheel built with other CPU options.
+    assert 'CMAKE_ARGS="-DGGML_NATIVE=OFF' in plan and "-DGGML_AVX2=ON" in plan
+    assert f'pip wheel --quiet --no-cache-dir --no-deps --wheel-dir "{tmp_path / "wheels"}"' in plan
     install = next(line for line in plan.splitlines() if "[test,llamacpp]" in line)
     assert "--find-links" in install and "-c constraints.txt" in install
     demo = make("-n", "demo", f"VENV={tmp_path / 'venv'}").replace(str(tmp_path), "TMP")

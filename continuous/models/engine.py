@@ -225,7 +225,7 @@ class Engine:
         self._linger()
         self.cond.release()
         try:
-            self.step()
+            self._step()
         finally:
             self.cond.acquire()
             self.driving = False
@@ -254,7 +254,20 @@ class Engine:
 
     def step(self) -> bool:
         """One step of every call: close the cancelled, admit, advance, forward. Returns
-        whether anything happened. Only one thread steps at a time (the driver)."""
+        whether anything happened. Only one thread steps at a time: this one waits while
+        another drives."""
+        with self.cond:
+            while self.driving:
+                self.cond.wait()
+            self.driving = True
+        try:
+            return self._step()
+        finally:
+            with self.cond:
+                self.driving = False
+                self.cond.notify_all()
+
+    def _step(self) -> bool:
         began = time.perf_counter()
         with self.cond:
             for call in list(self.table.waiting):

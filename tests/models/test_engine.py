@@ -60,6 +60,7 @@ def backend():
 def _engine(backend, **options):
     left = []
     engine = Engine(backend.run_one, backend.run_joint, on_leave=left.append, **options)
+    engine._start_thread = lambda: None  # driven by hand: no engine thread steps behind the test
     return engine, left
 
 
