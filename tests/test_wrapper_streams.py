@@ -3,6 +3,7 @@
 import asyncio
 
 import pytest
+from support.waiting import until
 
 from continuous import continuous, generate
 from continuous.state import SequenceState
@@ -88,14 +89,11 @@ def test_a_cancelled_call_leaves_its_input_usable(model, gen):
 
     async def main():
         task = asyncio.create_task(gen.acall(prompt, max_tokens=400))
-        while model.stats.forward_calls == calls:
-            await asyncio.sleep(0.001)
+        await until(lambda: model.stats.forward_calls > calls, "the call's first forward")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        after = model.stats.forward_calls
-        await asyncio.sleep(0.05)
-        assert model.stats.forward_calls == after  # nothing runs on after the cancel
+        await until(lambda: model.engine.running() == 0, "the cancelled call to leave the engine")
 
     calls = model.stats.forward_calls
     asyncio.run(main())
@@ -141,8 +139,7 @@ def test_a_cancelled_async_for_keeps_only_what_it_yielded(model, gen):
                 got.append(piece)
 
         task = asyncio.create_task(consume())
-        while len(got) < 3:
-            await asyncio.sleep(0.001)
+        await until(lambda: len(got) >= 3, "three pieces")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 from support.models import build_llama
+from support.states import real_ids
 
 from continuous import PromptLookup, continuous, generate, models, samplers
 from continuous.decode.speculate import DraftModel, draw, greedy_accepted, residual, sampled_accepted
@@ -26,10 +27,6 @@ class Item(BaseModel):
 def other(tokenizer):
     """A draft model that disagrees with the test model most of the time."""
     return models.transformers(build_llama(tokenizer, "tiny", seed=1, max_position_embeddings=512), tokenizer)
-
-
-def real_ids(state, row=0):
-    return state.token_ids[row][state.attention_mask[row].bool()].tolist()
 
 
 # Prompt lookup

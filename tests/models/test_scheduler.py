@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 from support.streams import drained
+from support.waiting import until
 
 from continuous import continuous, generate, models
 from continuous.models.scheduler import Request, split
@@ -333,12 +334,10 @@ def test_a_call_cancelled_during_its_prefill_leaves_at_the_next_chunk_and_nobody
 
     async def main():
         task = asyncio.ensure_future(gen.acall(long_prompt, max_tokens=5))
-        while not first_chunk.is_set():
-            await asyncio.sleep(0.001)
+        await until(first_chunk.is_set, "the long prompt's first chunk")
         other = asyncio.ensure_future(gen.acall("Hello", max_tokens=20))
         task.cancel()
-        while not any(c.cancelled for c in engine.table.calls.values()):
-            await asyncio.sleep(0.001)
+        await until(lambda: any(c.cancelled for c in engine.table.calls.values()), "the cancel to reach the engine")
         cancelled.set()
         with pytest.raises(asyncio.CancelledError):
             await task
