@@ -74,12 +74,14 @@ class Joint:
 
     def leave(self, call: int) -> None:
         """A call ended: the rows it was handed are copied out (its final state owns its cache),
-        and once no call is left the stacked cache is dropped."""
+        and the stacked cache is dropped (the others' rows copied out too), since it holds rows
+        that are no call's."""
         member = self.members.pop(call, None)
         if member is not None and (own := member[0]()) is not None:
             own.settle()
-        if not self.members:
-            self.cache = None
+        if member is not None:
+            # Its rows stay in the stacked cache: the next step stacks the others again.
+            self.forget()
 
     def forget(self, stacked_again: set[int] = frozenset()) -> None:
         """Drop the last step's stacked cache; the rows of it that a call still holds are copied

@@ -90,3 +90,30 @@ def test_accounting_does_not_copy_the_rows_out_and_a_finished_call_owns_its_cach
         if isinstance(cache, JointRows):
             assert cache._source is None  # copied out: it holds no other call's rows
         assert str(state) == str(gen(prompt, max_tokens=6))
+
+
+def test_a_call_leaving_the_merged_steps_restacks_the_others_in_one_forward(model):
+    """After a call ends, the others' next merged step stacks their rows again: reusing the
+    stacked cache (one row too many) failed, and every step fell back to one forward a call."""
+    gen = continuous(generate.text(model))
+    asks = [("one", 3), ("two", 12), ("three", 12)]
+    alone = [str(gen(p, max_tokens=n)) for p, n in asks]
+    failures, merged = [], model.engine.run_joint
+
+    def recorded(requests):
+        try:
+            return merged(requests)
+        except BaseException as exc:
+            failures.append(exc)
+            raise
+
+    async def main():
+        return await asyncio.gather(*[gen.acall(p, max_tokens=n) for p, n in asks])
+
+    model.engine.run_joint = recorded
+    try:
+        states = asyncio.run(main())
+    finally:
+        model.engine.run_joint = merged
+    assert not failures, failures[0]
+    assert [str(s) for s in states] == alone
