@@ -31,6 +31,7 @@ KEYS = {
                     "forwards_per_output_token": {"token", "ff", "lookup_ff", "hf", "hf_lookup"}},
     "serve": {"models": {"small"}},
     "llamacpp": {"f32": {"decode", "chat", "json", "concurrent", "memory_mb"}, "q4_1": {"decode", "memory_mb"}},
+    "engine": {"kinds": {"text", "json"}},
 }
 
 
@@ -73,6 +74,17 @@ def run(name, *args, limit=RUN_S):
 @bench()
 def test_benchmark_prints_its_figures(name):
     run(name)
+
+
+@bench()
+def test_engine_benchmark_s_concurrent_calls_equal_each_call_alone():
+    """Concurrent calls and one batched call give each call's own text, and every figure is there."""
+    for kind in run("engine")["kinds"].values():
+        assert kind["identical_to_alone"] and kind["one_call_identical_to_alone"]
+        for how in ("one_call", "concurrent"):
+            figures = kind[how]
+            assert figures["tokens"] > 0 and figures["steps"] > 0 and figures["host_us_per_row_step"] > 0
+            assert figures["stats"]["steps"] > 0  # the engine's own per-step counters
 
 
 @bench()
