@@ -363,18 +363,12 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
         ``torch.dtype`` or its name (``"bfloat16"``, ``"float16"``...); ``"auto"`` loads
         the checkpoint's own dtype (and leaves a loaded model's as it is).
     compile
-        Run decode steps (one token, or a run of up to :data:`COMPILED_WIDTH` tokens a
-        constraint forces) compiled with ``torch.compile`` on fixed shapes (on
-        CUDA with CUDA graphs, mode ``"reduce-overhead"``; a string names another mode).
-        The first steps of each new shape compile (seconds); it pays for long decodes.
-        A shape is a number of rows and a buffer capacity (a power of two); dynamo's
-        per-function limit of compiled shapes is raised to :data:`COMPILED_SHAPES`
-        (a process-wide setting) so that batch sizes and lengths do not fall back to eager.
-        A dict is inductor's options, set while the step runs: on a CPU,
-        ``{"freezing": True, "max_autotune": True}`` makes the weights constants of the
-        compiled step, prepacked for inductor's C++ GEMM templates (faster at a few rows).
-        The frozen copy lives beside the model's weights (prefills use those); later
-        changes to the model's weights do not reach compiled steps.
+        Run decode steps (one token, or up to :data:`COMPILED_WIDTH` forced tokens) compiled
+        with ``torch.compile`` on fixed shapes (rows, a power-of-two capacity; dynamo's limit
+        of shapes is raised process-wide to :data:`COMPILED_SHAPES`); on CUDA with CUDA graphs
+        (``"reduce-overhead"``; a string names another mode). A dict is inductor's options: on
+        a CPU ``{"freezing": True, "max_autotune": True}`` makes the weights constants of the
+        compiled step (a frozen copy: later changes to the weights do not reach it).
     prefix_cache
         Keep recent states within this many bytes of KV cache (an int, or a string such as
         ``"2GB"``), so that a later prompt starting with a kept state's tokens forwards
@@ -383,10 +377,9 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
         While other calls are decoding, a long prompt is forwarded this many tokens at a
         time, between their steps, so that it does not stall them.
     max_rows, max_kv
-        Most rows (prompts x samples), and bytes of KV cache (an int, or a string such as
-        ``"4GB"``: each call reserves its rows x its longest prompt plus ``max_tokens``), that
-        the calls running at once may hold; past either, calls wait for room, and a call
-        that could never fit is refused. ``None``: no limit.
+        Most rows (prompts x samples) and KV bytes (an int, or ``"4GB"``; a call reserves its
+        rows x (longest prompt + ``max_tokens``)) the running calls may hold; past either,
+        calls wait, and one that could never fit is refused. ``None``: no limit.
     **from_pretrained
         Given to ``from_pretrained`` when loading from a path (``device_map``,
         ``attn_implementation``, ``trust_remote_code``, ``revision``, ``gguf_file``...);
