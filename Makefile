@@ -99,13 +99,14 @@ test-bench: $(STAMP)
 # The fast tier against the newest releases pyproject.toml allows (constraints.txt left
 # out), in $(LATEST): a failure there is a release that breaks us, not our change, and
 # CI does not fail on it. torch is the tested one (TORCH: a local wheel where pip finds
-# one, else TORCH_INDEX), and stays that build.
+# one, else TORCH_INDEX), and stays that build (its version is read from its metadata:
+# torch imports only once the install below has brought its own dependencies).
 test-latest:
 	@test -n "$(PYTHON)" || { echo "no Python >= 3.10 on the PATH: give PYTHON=/path/to/python"; exit 1; }
 	test -x $(LATEST_PY) || $(PYTHON) -m venv $(LATEST)
 	$(LATEST_PIP) pip
 	$(LATEST_PIP) --no-index --no-deps "$(TORCH)" 2>/dev/null || $(LATEST_PIP) "$(TORCH)" --index-url "$(TORCH_INDEX)"
-	$(LATEST_PY) -c 'import torch; print("torch==" + torch.__version__)' > $(LATEST)/torch.txt
+	$(LATEST_PY) -c 'from importlib.metadata import version; print("torch==" + version("torch"))' > $(LATEST)/torch.txt
 	$(LATEST_PIP) -e ".[test]" -c $(LATEST)/torch.txt
 	$(call FETCH_TEST_FILES,$(LATEST_PY))
 	$(LATEST_PY) -m pip list --format=freeze | grep -i -E '^(torch|transformers|llguidance|outlines|outlines.core|tokenizers|pydantic|jsonschema)=='

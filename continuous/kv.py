@@ -25,7 +25,7 @@ import torch
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-__all__ = ["CACHE_ARG", "KVCache", "ForwardCache", "StaticStepCache", "capacity_for", "stack", "JointRows"]
+__all__ = ["CACHE_ARG", "KVCache", "ForwardCache", "StaticStepCache", "capacity_for", "stack", "JointRows", "Slots"]
 
 _MIN_CAPACITY = 64
 
@@ -370,6 +370,37 @@ def stack(caches: "list[KVCache | None]", rows: list[int], extra: int) -> "KVCac
     return KVCache(out, length)
 
 
+class Slots:
+    """Slots of a stacked buffer, in order: ``base``, then the run ``tail``.
+
+    Merged steps append each call's new slots as a run right after the last one, so a
+    call's slots grow by extending ``tail``, with no tensor made per step; :meth:`tensor`
+    makes them one tensor when something reads them.
+    """
+
+    __slots__ = ("base", "tail")
+    _NONE = torch.zeros(0, dtype=torch.long)
+
+    def __init__(self, base: torch.Tensor | None = None, tail: range = range(0)):
+        self.base, self.tail = self._NONE if base is None else base, tail
+
+    def __len__(self) -> int:
+        return len(self.base) + len(self.tail)
+
+    def then(self, new: range) -> "Slots":
+        """These slots followed by ``new``."""
+        if not self.tail or self.tail.stop == new.start:
+            return Slots(self.base, range(self.tail.start if self.tail else new.start, new.stop))
+        return Slots(self.tensor(), new)
+
+    def tensor(self) -> torch.Tensor:
+        if not len(self.base):
+            return torch.arange(self.tail.start, self.tail.stop)
+        if not self.tail:
+            return self.base
+        return torch.cat([self.base, torch.arange(self.tail.start, self.tail.stop)])
+
+
 class JointRows(KVCache):
     """One call's rows of a merged forward's stacked cache, copied into a buffer of their own
     only when something reads them.
@@ -390,12 +421,19 @@ class JointRows(KVCache):
         Per slot of the call's cache, in order, its slot in the stacked buffer.
     """
 
-    __slots__ = ("_source", "_rows", "_slots", "_own", "__weakref__")
+    __slots__ = ("_source", "_rows", "slots", "_index", "_own", "__weakref__")
     _copying = threading.Lock()
 
-    def __init__(self, source: _Buffer, rows: slice, slots: torch.Tensor):
-        self._source, self._rows, self._slots, self._own = source, rows, slots, None
+    def __init__(self, source: _Buffer, rows: slice, slots: Slots):
+        self._source, self._rows, self.slots, self._index, self._own = source, rows, slots, None, None
         self.length = len(slots)
+
+    @property
+    def _slots(self) -> torch.Tensor:
+        """The slots as one tensor on the buffer's device (made once)."""
+        if self._index is None:
+            self._index = self.slots.tensor().to(self._source.keys[0].device if self._source.keys else "cpu")
+        return self._index
 
     @property
     def rows(self) -> int:

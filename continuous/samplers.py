@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["Sampler", "Greedy", "Multinomial", "BeamSearch", "RowDraws", "greedy", "multinomial", "beam_search",
-           "check_seed"]
+           "check_seed", "choose", "filtered"]
 
 
 def _check_count(value, name: str) -> None:
@@ -88,6 +88,14 @@ class RowDraws:
         return torch.tensor([[float(torch.rand((), generator=g, dtype=torch.float64))] if c else [0.5]
                              for g, c in zip(self.streams, self.choosing)], dtype=torch.float64)
 
+    @classmethod
+    def joined(cls, parts: list["RowDraws"]) -> "RowDraws":
+        """The rows of several calls' draws, in order (each row keeps its own stream)."""
+        joined = cls.__new__(cls)
+        joined.streams = [g for p in parts for g in p.streams]
+        joined.choosing = [c for p in parts for c in p.choosing]
+        return joined
+
     def select(self, rows: list[int], index: torch.Tensor | None = None) -> "RowDraws":
         """Reorder (and duplicate) rows: a repeated row gets a copy of its stream."""
         seen, streams = set(), []
@@ -126,6 +134,12 @@ class Sampler:
     def logprobs(self, logits: torch.Tensor) -> torch.Tensor:
         """The log-probabilities of the distribution the sampler draws from (what weights sum)."""
         return torch.log_softmax(logits, dim=-1)
+
+    @staticmethod
+    def per_row(samplers: list["Sampler"], counts: list[int]) -> "Sampler":
+        """One sampler for the rows of several calls (samplers of one class), ``counts[i]`` rows
+        drawn as ``samplers[i]`` draws them."""
+        return samplers[0]
 
 
 @dataclass(frozen=True)
@@ -168,41 +182,96 @@ class Multinomial(Sampler):
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """The logits after temperature, top-k, top-p and min-p."""
-        logits = logits / self.temperature
-        if self.min_p:
-            # A token stays when its probability is at least min_p times the likeliest one's.
-            logprobs = torch.log_softmax(logits, dim=-1)
-            floor = logprobs.max(dim=-1, keepdim=True).values + math.log(self.min_p)
-            logits = logits.masked_fill(logprobs < floor, -torch.inf)
-        if self.top_k is not None and self.top_k < logits.shape[-1]:
-            kth = torch.topk(logits, self.top_k, dim=-1).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, -torch.inf)
-        if self.top_p is not None and self.top_p < 1.0:
-            sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-            cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-            # Drop a token when the tokens before it already hold top_p of the mass.
-            drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= self.top_p
-            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-            logits = logits.masked_fill(drop, -torch.inf)
-        return logits
+        return filtered(logits, self.temperature, self.top_k, self.top_p, self.min_p)
 
     def logprobs(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(self.process(logits), dim=-1)
 
     def __call__(self, logits, weights, rng=None):
-        logprobs = self.logprobs(logits)
-        # Inverse-CDF sampling from uniform draws of a CPU generator: the same seed gives
-        # the same tokens whatever the device, and nothing but the draws crosses to it.
-        if isinstance(rng, RowDraws):
-            u = rng.uniform().to(logits.device)
+        return _sample(self.logprobs(logits), weights, rng)
+
+    @staticmethod
+    def per_row(samplers: list["Multinomial"], counts: list[int]) -> "Sampler":
+        """Their parameters as per-row columns (one sampler when they are all the same)."""
+        if all(s == samplers[0] for s in samplers):
+            return samplers[0]
+        return _PerRow.of(samplers, counts)
+
+
+def filtered(logits: torch.Tensor, temperature, top_k, top_p, min_p) -> torch.Tensor:
+    """``logits`` after temperature, min-p, top-k and top-p. Each parameter is one number for
+    every row, or a ``[rows, 1]`` tensor of per-row values (then ``min_p`` holds ``log(min_p)``,
+    and a row without a filter holds a value that keeps every token); ``None``: not applied.
+    A row's result is the same either way."""
+    logits = logits / temperature
+    if min_p is not None and (torch.is_tensor(min_p) or min_p):
+        # A token stays when its probability is at least min_p times the likeliest one's.
+        logprobs = torch.log_softmax(logits, dim=-1)
+        log_min = min_p if torch.is_tensor(min_p) else math.log(min_p)
+        logits = logits.masked_fill(logprobs < logprobs.max(dim=-1, keepdim=True).values + log_min, -torch.inf)
+    if top_k is not None and (torch.is_tensor(top_k) or top_k < logits.shape[-1]):
+        if torch.is_tensor(top_k):
+            kth = logits.sort(dim=-1, descending=True).values.gather(1, top_k.clamp(max=logits.shape[-1]) - 1)
         else:
-            u = torch.rand(logits.shape[0], 1, generator=rng, dtype=torch.float64).to(logits.device)
-        cdf = logprobs.double().exp().cumsum(-1)
-        # The first token whose CDF exceeds the draw: it has a positive probability. A row
-        # with nothing allowed finds none; it gets the last id, which the loop sees is forbidden.
-        ids = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
-        ancestors = torch.arange(logits.shape[0], device=logits.device)
-        return ids, ancestors, weights + logprobs.gather(1, ids[:, None]).squeeze(1)
+            kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, -torch.inf)
+    if top_p is not None and (torch.is_tensor(top_p) or top_p < 1.0):
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        # Drop a token when the tokens before it already hold top_p of the mass.
+        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, -torch.inf)
+    return logits
+
+
+@dataclass(frozen=True, eq=False)
+class _PerRow(Sampler):
+    """Multinomial sampling whose parameters are per-row ``[rows, 1]`` columns (see :func:`filtered`)."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor | None
+    top_p: torch.Tensor | None
+    min_p: torch.Tensor | None
+    random = True
+
+    @classmethod
+    def of(cls, samplers: list["Multinomial"], counts: list[int]) -> "_PerRow":
+        def column(values: list, neutral, dtype):
+            if all(v is None for v in values):
+                return None
+            values = [neutral if v is None else v for v in values]
+            return torch.tensor(values, dtype=dtype).repeat_interleave(torch.tensor(counts))[:, None]
+
+        return cls(column([float(s.temperature) for s in samplers], 1.0, torch.float32),
+                   column([s.top_k for s in samplers], 2**62, torch.long),
+                   # 2: a mass never reached (nothing dropped), as a top_p of 1 drops nothing
+            column([s.top_p if s.top_p is None or s.top_p < 1 else 2.0 for s in samplers], 2.0, torch.float32),
+                   column([None if s.min_p is None else math.log(s.min_p) if s.min_p else -math.inf
+                           for s in samplers], -math.inf, torch.float32))
+
+    def logprobs(self, logits: torch.Tensor) -> torch.Tensor:
+        on = lambda t: None if t is None else t.to(logits.device)  # noqa: E731
+        return torch.log_softmax(filtered(logits, on(self.temperature), on(self.top_k), on(self.top_p),
+                                          on(self.min_p)), dim=-1)
+
+    def __call__(self, logits, weights, rng=None):
+        return _sample(self.logprobs(logits), weights, rng)
+
+
+def _sample(logprobs: torch.Tensor, weights: torch.Tensor, rng) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse-CDF sampling from uniform draws of a CPU generator: the same seed gives the
+    same tokens whatever the device, and nothing but the draws crosses to it."""
+    if isinstance(rng, RowDraws):
+        u = rng.uniform().to(logprobs.device)
+    else:
+        u = torch.rand(logprobs.shape[0], 1, generator=rng, dtype=torch.float64).to(logprobs.device)
+    cdf = logprobs.double().exp().cumsum(-1)
+    # The first token whose CDF exceeds the draw: it has a positive probability. A row
+    # with nothing allowed finds none; it gets the last id, which the loop sees is forbidden.
+    ids = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1).clamp_(max=logprobs.shape[-1] - 1)
+    ancestors = torch.arange(logprobs.shape[0], device=logprobs.device)
+    return ids, ancestors, weights + logprobs.gather(1, ids[:, None]).squeeze(1)
 
 
 @dataclass(frozen=True)
@@ -228,6 +297,14 @@ class BeamSearch(Sampler):
         top, flat = torch.topk(scores, k, dim=-1)
         ancestors = (flat // vocab + torch.arange(batch, device=logits.device)[:, None] * k).view(-1)
         return (flat % vocab).view(-1), ancestors, top.view(-1)
+
+
+def choose(samplers: list[Sampler], counts: list[int], logits: torch.Tensor, weights: torch.Tensor, rng
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One sampler pass over the rows of several calls: ``counts[i]`` rows, drawn as
+    ``samplers[i]`` (samplers of one class) draws them. Returns ids, ancestors and weights."""
+    sampler = samplers[0] if len(samplers) == 1 else type(samplers[0]).per_row(samplers, counts)
+    return sampler(logits, weights, rng)
 
 
 def greedy() -> Greedy:

@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from continuous import samplers
 
@@ -102,3 +104,29 @@ def test_check_seed_accepts_what_torch_takes(seed):
     assert samplers.check_seed(seed) == seed
     if seed is not None:
         torch.Generator().manual_seed(seed)  # the bounds are torch's own
+
+
+_params = st.fixed_dictionaries({}, optional={
+    "temperature": st.sampled_from([0.3, 0.7, 1.0, 1.6]), "top_k": st.integers(1, 60),
+    "top_p": st.sampled_from([1e-6, 0.3, 0.9, 1.0]), "min_p": st.sampled_from([0.0, 0.05, 0.5, 1.0])})
+
+
+@settings(max_examples=60, deadline=None)
+@given(calls=st.lists(st.tuples(_params, st.integers(1, 3)), min_size=1, max_size=4), seed=st.integers(0, 2**31))
+def test_one_pass_over_several_calls_rows_draws_each_row_as_its_call_alone(calls, seed):
+    """Samplers with different parameters, run as one pass with per-row columns: each row's
+    token and weight are those its call's sampler gives it alone, from the same stream."""
+    chosen = [samplers.multinomial(**params) for params, _ in calls]
+    counts = [n for _, n in calls]
+    lg = logits(sum(counts), vocab=50, seed=seed % 1000)
+    lg[:, 40:] = -torch.inf  # masked tokens, as a constraint leaves them
+    weights = torch.randn(sum(counts), generator=torch.Generator().manual_seed(seed))
+    streams = [samplers.RowDraws(n, torch.Generator().manual_seed(seed + i)) for i, n in enumerate(counts)]
+    again = [samplers.RowDraws(n, torch.Generator().manual_seed(seed + i)) for i, n in enumerate(counts)]
+    ids, _, w = samplers.choose(chosen, counts, lg, weights, samplers.RowDraws.joined(streams))
+    at = 0
+    for sampler, n, rng in zip(chosen, counts, again):
+        alone_ids, _, alone_w = sampler(lg[at : at + n], weights[at : at + n], rng)
+        assert torch.equal(ids[at : at + n], alone_ids)
+        assert torch.equal(w[at : at + n], alone_w)
+        at += n

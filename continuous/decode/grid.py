@@ -42,7 +42,8 @@ class Grid:
         self.width0 = rows.token_ids.shape[1]
         self.columns: list[list[int]] = []  # generated ids per column (pad for holes), host
         self.reals: list[list[bool]] = []  # per column, which rows hold a real token there
-        self.attention_mask = rows.attention_mask.to(device)
+        self._mask = rows.attention_mask.to(device)
+        self._ones_after = 0  # columns of ones appended to the mask and not yet made (plain steps)
         self.all_real = bool(rows.attention_mask.all())
         self.holes = interior_holes(rows.attention_mask)
         # Per row, whether it ends in a hole (it finished, or was cut shorter): its next token
@@ -50,6 +51,17 @@ class Grid:
         self.trailing = (rows.attention_mask[:, -1] == 0).tolist()
         self._ones = torch.ones((rows.n_rows, 1), dtype=torch.bool, device=device)
         self.last_real: torch.Tensor | None = None  # [rows, width] of the last append, on the device
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        if self._ones_after:  # made when read: forwards of rows with no hole never read it
+            self._mask = torch.cat([self._mask, self._mask.new_ones((self._mask.shape[0], self._ones_after))], 1)
+            self._ones_after = 0
+        return self._mask
+
+    @attention_mask.setter
+    def attention_mask(self, mask: torch.Tensor) -> None:
+        self._mask, self._ones_after = mask, 0
 
     def select(self, rows: list[int], index: torch.Tensor) -> "Grid":
         """Keep rows ``rows`` (host list) in that order; ``index`` is the same on the device."""
@@ -100,8 +112,12 @@ class Grid:
         slots = [range(len(self.columns) + width - len(c), len(self.columns) + width) for c in chunks]
         self.columns.extend(map(list, zip(*ids)))
         self.reals.extend(map(list, zip(*real)))
-        self.last_real = self._ones if plain else torch.tensor(real, device=self._ones.device)
-        self.attention_mask = torch.cat([self.attention_mask, self.last_real.long()], 1)
+        if plain:
+            self.last_real = self._ones
+            self._ones_after += 1
+        else:
+            self.last_real = torch.tensor(real, device=self._ones.device)
+            self.attention_mask = torch.cat([self.attention_mask, self.last_real.long()], 1)
         self.all_real = self.all_real and all(map(all, real)) and not rewound
         self.holes = self.holes or rewound or any(0 < len(c) and (len(c) < width or ends_in_hole)
                                                   for c, ends_in_hole in zip(chunks, self.trailing))

@@ -29,11 +29,12 @@ from .constraints import RowConstraints
 from .finish import Finish
 from .grid import Grid
 from .options import Options
-from .overlap import Queued, to_host
+from .draw import Draw
+from .overlap import Queued
 from .prefill import check_context, top_up_steps
-from ..models.scheduler import Request
+from ..models.scheduler import Request, Work
 from ..models.table import READY
-from .processors import pipeline, run
+from .processors import ForkRanking, own, run
 from .result import Generation, logprob_texts, rows_after
 from .rows import RowState
 from .speculate import Speculation
@@ -122,7 +123,10 @@ class Decoding:
         self.advance = Advance(self.batch, options, self.tokenizer, self.eos, self.steps, limits)
         self.warned = False
         self.token_texts: dict[int, str] = {}
-        self.processors = pipeline(options, constraints, self.pad, self.tokenizer.eos_token_id, self.eos)
+        self.own = own(options, self.pad)
+        self.after = [ForkRanking(options.fork)] if self.sampler.joint and options.fork > 1 else []
+        eos = self.tokenizer.eos_token_id
+        self.sentinel = eos if eos is not None else min(self.eos, default=0)  # what finished rows "emit"
         # The queued step's input is the sampled token whatever the constraint: its mask for
         # the next step is filled on the host while the device runs the step. Beams reorder
         # rows at every step, so they would give back nearly every queued step.
@@ -142,27 +146,23 @@ class Decoding:
         step = 0
         while not all(row.finished for row in batch.rows):
             running = not any(row.finished for row in batch.rows)
-            scores = run(self.processors, batch.logits, batch.weights, step, [row.view() for row in batch.rows])
-            ids, ancestors, weights = self.sampler(scores.logits, scores.rank, self._rng())
-            if self.speculation is not None:  # tokens that checks of drafts decided
-                ids, weights = self.speculation.override(ids, weights, batch.weights)
-            # The one transfer of the step: ids, ancestors and which rows are left with no allowed token.
-            no_token = scores.logits[ancestors, ids] == -torch.inf
-            read = to_host(torch.stack([ids, ancestors, no_token.long()]))
-            if scores.cost is not None:
-                batch.cost = batch.cost + scores.cost
-            queued = None
-            if self.overlap and self.grid.all_real and step + 1 < max(self.steps) and running and _alone(self.model):
-                # Computed on the device while the host does its bookkeeping.
-                queued = Queued(self.model, ids, batch.cache)
-            ids_h, ancestors_h, dead = read()
+            rows = [row.view() for row in batch.rows]
+            logits = batch.logits if not self.own else run(self.own, batch.logits, batch.weights, step, rows).logits
+            # The queued step's forward is made on the device's ids before the host reads them.
+            overlap = (self.overlap and self.grid.all_real and step + 1 < max(self.steps) and running
+                       and _alone(self.model))
+            drawn = yield Draw(logits, batch.weights, batch.constraints, rows, self.sampler, self._rng(),
+                               self.sentinel, self.after, self.speculation.imposed() if self.speculation else {},
+                               step, (lambda ids: Queued(self.model, ids, batch.cache)) if overlap else None)
+            ids, ancestors, weights, queued = drawn.ids, drawn.ancestors, drawn.weights, drawn.queued
+            if drawn.cost is not None:
+                batch.cost = batch.cost + drawn.cost
+            ids_h, ancestors_h, dead = drawn.ids_h, drawn.ancestors_h, drawn.dead
             if ancestors_h != identity:
                 batch.select(ancestors_h, ancestors)
-            elif not self.sampler.joint:  # a row with no token allowed keeps the weight it had
-                weights = torch.where(no_token, batch.weights, weights)
             batch.record(step, weights - batch.weights)
             batch.weights = weights
-            chunks, rewound = self.advance(ids_h, dead, step, self._read_logprobs(scores, ancestors, step))
+            chunks, rewound = self.advance(ids_h, dead, step, self._read_logprobs(drawn.logits, ancestors, step))
             step += 1
             drafts = self.speculation.draft(self, chunks) if self.speculation is not None else [[]] * len(chunks)
             sent, plain, new_ids = self._append(chunks, drafts, ids_h)
@@ -236,7 +236,7 @@ class Decoding:
         batch.logits = logits[:, -1] if plain else torch.where(grid.last_real[:, -1:], logits[:, -1], batch.logits)
         return logits
 
-    def _read_logprobs(self, scores, ancestors: torch.Tensor, step: int) -> list | None:
+    def _read_logprobs(self, logits: torch.Tensor, ancestors: torch.Tensor | None, step: int) -> list | None:
         """Per row, the sampled token's log-probability (what its weight gained) and the
         ``options.logprobs`` likeliest tokens with theirs, under the sampler's distribution."""
         k = self.options.logprobs
@@ -245,7 +245,8 @@ class Decoding:
         gained = self.batch.gained[:, step].tolist()
         if k == 0:  # no alternatives: the distribution is not needed
             return [(g, []) for g in gained]
-        top = self.sampler.logprobs(scores.logits)[ancestors].topk(min(k, scores.logits.shape[-1]), dim=-1)
+        logprobs = self.sampler.logprobs(logits)
+        top = (logprobs if ancestors is None else logprobs[ancestors]).topk(min(k, logits.shape[-1]), dim=-1)
         alternatives = [[(t, v) for t, v in zip(ids, values) if v > -float("inf")]
                         for ids, values in zip(top.indices.tolist(), top.values.tolist())]
         return list(zip(gained, alternatives))
@@ -285,7 +286,8 @@ def _alone(model) -> bool:
 
 
 def drive(steps, model):
-    """Run a call's coroutine alone: forward each request directly; yield its events."""
+    """Run a call's coroutine alone: forward each request directly, run its host work alone;
+    yield its events."""
     reply, error = None, None
     while True:
         try:
@@ -298,6 +300,11 @@ def drive(steps, model):
                 reply = model.forward(item.input_ids, item.attention_mask, item.cache, item.logits_to_keep,
                                       n_real=item.n_real, holes=item.holes)
             except Exception as exc:  # noqa: BLE001 - raised where the call forwarded
+                error = exc
+        elif isinstance(item, Work):
+            try:
+                reply = type(item).run_all([item])[0]
+            except Exception as exc:  # noqa: BLE001 - raised where the call asked for it
                 error = exc
         else:
             try:

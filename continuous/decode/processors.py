@@ -2,8 +2,9 @@
 
 A processor takes the step's :class:`Scores` and changes its ``logits`` (the next
 token's scores per row) or its ``rank`` (the weights the sampler ranks rows with). The
-loop runs them in order: the user's processors, the constraint, forced tokens, the
-bans, finished rows, then beam ranking.
+loop runs them in order: the user's processors, bias and penalties (on the call's own
+rows), then on the rows of every call stepping together the constraint, forced tokens,
+the bans and finished rows, then beam ranking (on a call's own rows).
 Everything stays on the logits' device.
 """
 
@@ -19,7 +20,7 @@ from .constraints import RowConstraints
 from .rows import RowView
 
 __all__ = ["Scores", "Processor", "External", "Biased", "Penalized", "Constrained", "Forced", "Banned", "Finished",
-           "ForkRanking", "run", "pipeline"]
+           "ForkRanking", "run", "own", "shared"]
 
 
 @dataclass
@@ -123,17 +124,21 @@ class Penalized:
 
 class Constrained:
     """Forbid what each row's constraint does not allow next, and measure what that removed:
-    ``-log`` of the probability mass the constraint allowed (0 for a finished row)."""
+    ``-log`` of the probability mass the constraint allowed (0 for a finished row).
 
-    def __init__(self, constraints: RowConstraints):
-        self.constraints = constraints
+    The rows may be those of several calls of one model (``parts``, in order): their
+    packed masks are unpacked together, once.
+    """
+
+    def __init__(self, *parts: RowConstraints):
+        self.parts = parts
 
     def __call__(self, scores: Scores) -> None:
-        allowed = self.constraints.allowed()
+        allowed = self._allowed()
         if allowed is None:
             return
         masked = scores.logits.masked_fill(~allowed, -torch.inf)
-        if self.constraints.constraint is not None:
+        if any(c.constraint is not None for c in self.parts):
             kept = torch.logsumexp(masked.float(), -1)
             # A row with nothing allowed takes no token: it removed nothing it went on with.
             cost = torch.where(torch.isfinite(kept), torch.logsumexp(scores.logits.float(), -1) - kept, 0.0)
@@ -142,6 +147,14 @@ class Constrained:
                 cost = cost.masked_fill(torch.tensor(finished, device=cost.device), 0.0)
             scores.cost = cost
         scores.logits = masked
+
+    def _allowed(self) -> torch.Tensor | None:
+        first = self.parts[0]
+        if len(self.parts) == 1 or all(c.matchers is None for c in self.parts):
+            return first.allowed()  # free text: the same for every call of a model
+        # A call of free text among constrained ones: all its tokens allowed (-1: every bit set).
+        packed = [c.bitmask if c.matchers is not None else torch.full_like(c.bitmask, -1) for c in self.parts]
+        return first.unpacked(torch.cat(packed))
 
 
 class Forced:
@@ -209,17 +222,19 @@ class ForkRanking:
             scores.rank = rank.view(-1)
 
 
-def pipeline(options, constraints: RowConstraints, pad: int, eos: int | None, ends: set[int]) -> list[Processor]:
-    """A call's processors, in order: the user's, the bias and penalties, the constraint,
-    forced tokens, bans, finished rows (which "emit" ``eos``, or another end id, at no
-    cost), beam ranking."""
-    sentinel = eos if eos is not None else min(ends, default=0)
-    processors = [*options.penalties, Constrained(constraints), Forced(), Banned(), Finished(sentinel)]
+def own(options, pad: int) -> list[Processor]:
+    """The processors of a call's own rows, run before its rows join other calls' for the
+    rest of the step: the user's, then the bias and penalties."""
+    processors = list(options.penalties)
     if options.processors:
         processors.insert(0, External(options.processors, pad))
-    if options.sampler.joint and options.fork > 1:
-        processors.append(ForkRanking(options.fork))
     return processors
+
+
+def shared(parts: list[RowConstraints], sentinel: int) -> list[Processor]:
+    """The processors that run on the rows of every call of a step at once, in order: the
+    constraint, forced tokens, bans, finished rows (which "emit" ``sentinel`` at no cost)."""
+    return [Constrained(*parts), Forced(), Banned(), Finished(sentinel)]
 
 
 def run(processors: list[Processor], logits: torch.Tensor, rank: torch.Tensor, step: int, rows: list[RowView]

@@ -536,18 +536,11 @@ class Speculation:
             batch.weights = batch.weights + gained
         return columns
 
-    def override(self, ids: torch.Tensor, weights: torch.Tensor, before: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's ids and weights with the tokens that checks decided imposed (``before``:
-        the weights before the step)."""
-        if not self.next:
-            return ids, weights
-        ids, weights = ids.clone(), weights.clone()
-        for r, (token, logprob) in self.next.items():
-            ids[r] = token
-            weights[r] = before[r] + logprob
-        self.next.clear()
-        return ids, weights
+    def imposed(self) -> dict[int, tuple[int, float]]:
+        """Row -> ``(token, log-probability)`` that checks decided for this step's rows, taken
+        instead of what the sampler draws (then forgotten)."""
+        imposed, self.next = self.next, {}
+        return imposed
 
 
 def _crop(batch, width: int) -> None:

@@ -30,7 +30,7 @@ import time
 import traceback
 from typing import Callable, Generator
 
-from .scheduler import PREFILL_CHUNK, Request, split
+from .scheduler import PREFILL_CHUNK, Request, Work, split
 from .table import ALL, PIECE, READY, Call, Table
 
 __all__ = ["Engine", "DONE", "GRACE"]
@@ -213,7 +213,7 @@ class Engine:
     def _fail_all(self, error: BaseException) -> None:
         """End every call with ``error`` (with the lock held): the step itself failed."""
         for call in list(self.table.calls.values()) + list(self.table.waiting):
-            call.done, call.error, call.request, call.demand = True, error, None, None
+            call.done, call.error, call.request, call.work, call.demand = True, error, None, None, None
             self.table.remove(call)
             self._wake(call)
         self._gauges()
@@ -248,7 +248,8 @@ class Engine:
         table = self.table
         if table.waiting and (table.waiting[0].cancelled or table.fits(table.waiting[0])):
             return True
-        return any(c.cancelled or c.request is not None or c.demand is not None for c in table.calls.values())
+        return any(c.cancelled or c.request is not None or c.work is not None or c.demand is not None
+                   for c in table.calls.values())
 
     # -- the step ----------------------------------------------------------------------
 
@@ -280,9 +281,10 @@ class Engine:
             if call.cancelled:
                 self._close(call)
                 moved = True
-            elif call.request is None and call.demand is not None:
+            elif call.request is None and call.work is None and call.demand is not None:
                 self._advance(call)
                 moved = True
+        moved = self._work(calls) or moved
         requests = [c.request for c in calls if not c.done and c.request is not None]
         # Host work counts toward the next step that forwards (a step that only hands pieces out
         # did the sampling of the step its consumers ask for next).
@@ -321,6 +323,9 @@ class Engine:
                 item.call, call.request = call.id, item
                 call.start = item.cache.length if item.cache is not None else 0
                 return
+            if isinstance(item, Work):
+                call.work = item
+                return
             if item != READY and call.first_piece_at is None:
                 call.first_piece_at = time.monotonic()
             with self.cond:
@@ -337,8 +342,25 @@ class Engine:
                 self._wake(call)
                 return
 
+    def _work(self, calls: list[Call]) -> bool:
+        """Run the host work the calls wait for, the items of one key together, and advance each
+        call with its result (until its forward or its next event). Returns whether any ran."""
+        groups: dict = {}
+        for call in calls:
+            if call.work is not None and not call.done and not call.cancelled:
+                groups.setdefault(call.work.key, []).append(call)
+        for group in groups.values():
+            items = [c.work for c in group]
+            for call in group:
+                call.work = None
+            for call, reply in zip(group, _together(items)):
+                call.reply = reply
+                self._advance(call)
+        return bool(groups)
+
     def _close(self, call: Call) -> None:
         """End a cancelled call where its coroutine waits; its pending forward is dropped."""
+        call.work = None
         request, call.request = call.request, None
         if request is not None and request.cache is not None and call.start and request.cache.length > call.start:
             request.cache.release(call.start)  # a prefill cut between chunks: its slots go back
@@ -418,6 +440,17 @@ class Engine:
         if self.stats is not None:
             self.stats.set_gauges(calls_running=len(self.table.calls), calls_waiting=len(self.table.waiting),
                                   rows_in_use=self.table.rows, kv_bytes_in_use=self.table.kv)
+
+
+def _together(items: list[Work]) -> list[tuple]:
+    """``(result, error)`` of each item, run together; when together fails, each alone, so that
+    one bad item fails only its call."""
+    try:
+        return [(result, None) for result in type(items[0]).run_all(items)]
+    except BaseException as exc:  # noqa: BLE001 - each again, alone
+        if len(items) == 1:
+            return [(None, exc)]
+    return [_together([item])[0] for item in items]
 
 
 #: What a consumer may ask, from least to most: a call asked for more keeps going.

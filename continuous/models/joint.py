@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kv import JointRows, KVCache, stack
+from ..kv import JointRows, KVCache, Slots, stack
 from .scheduler import Request
 
 __all__ = ["Joint", "Layout"]
@@ -26,12 +26,15 @@ __all__ = ["Joint", "Layout"]
 @dataclass
 class Layout:
     """A step's stacked rows: the requests in row order, their cache, and per request the
-    stacked slot of each of its cached slots; ``start`` is the stacked cache's length."""
+    stacked slot of each of its cached slots; ``start`` is the stacked cache's length.
+    ``mask`` is the stacked attention mask of the cached slots when the step continues the
+    last one (``None``: made again from the requests' own)."""
 
     requests: list[Request]
     cache: KVCache | None
-    slots: list[torch.Tensor]
+    slots: list[Slots]
     start: int
+    mask: torch.Tensor | None = None
 
 
 class Joint:
@@ -39,8 +42,9 @@ class Joint:
 
     def __init__(self):
         self.cache: KVCache | None = None
-        # engine call id -> (the rows it was handed, weakly; their first row; their slots' places)
-        self.members: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+        self.mask: torch.Tensor | None = None  # the stacked cache's attention mask
+        # engine call id -> (the rows it was handed, weakly; their first row)
+        self.members: dict[int, tuple[weakref.ref, int]] = {}
 
     def layout(self, requests: list[Request]) -> Layout:
         """The stacked rows of ``requests``: the kept ones when they continue the last step."""
@@ -48,14 +52,16 @@ class Joint:
         if self.cache is not None and len(kept) == len(self.members) and all(
                 m is not None and r.cache is not None and m[0]() is r.cache for m, r in zip(kept, requests)):
             order = sorted(range(len(requests)), key=lambda i: kept[i][1])
-            return Layout([requests[i] for i in order], self.cache, [kept[i][2] for i in order], self.cache.length)
+            ordered = [requests[i] for i in order]
+            return Layout(ordered, self.cache, [r.cache.slots for r in ordered], self.cache.length, self.mask)
         self.forget({id(r.cache) for r in requests})
         lengths = [r.cache.length if r.cache is not None else 0 for r in requests]
         cache = stack([r.cache for r in requests], [r.batch_rows for r in requests], max(r.width for r in requests))
-        return Layout(requests, cache, [torch.arange(n) for n in lengths], max(lengths))
+        return Layout(requests, cache, [Slots(None, range(n)) for n in lengths], max(lengths))
 
-    def keep(self, layout: Layout, cache: KVCache, returned: list[JointRows]) -> None:
-        """After the step: ``cache`` is the stacked cache, ``returned`` the calls' rows of it.
+    def keep(self, layout: Layout, cache: KVCache, returned: list[JointRows], mask: torch.Tensor) -> None:
+        """After the step: ``cache`` is the stacked cache, ``returned`` the calls' rows of it,
+        ``mask`` its attention mask.
 
         Kept only when every request belongs to a call, all different, and while the
         stacked cache's holes do not outgrow its rows' slots (else the next step stacks
@@ -68,9 +74,9 @@ class Joint:
             return
         members, at = {}, 0
         for r, own in zip(layout.requests, returned):
-            members[r.call] = (weakref.ref(own), at, own._slots)
+            members[r.call] = (weakref.ref(own), at)
             at += r.batch_rows
-        self.cache, self.members = cache, members
+        self.cache, self.members, self.mask = cache, members, mask
 
     def leave(self, call: int) -> None:
         """A call ended: the rows it was handed are copied out (its final state owns its cache),
@@ -87,7 +93,7 @@ class Joint:
         """Drop the last step's stacked cache; the rows of it that a call still holds are copied
         out, so that the stacked buffer is freed (but those about to be stacked again, by the
         ids of the caches: the stack copies them)."""
-        members, self.cache, self.members = self.members, None, {}
-        for ref, _, _ in members.values():
+        members, self.cache, self.members, self.mask = self.members, None, {}, None
+        for ref, _ in members.values():
             if (own := ref()) is not None and id(own) not in stacked_again:
                 own.settle()

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Request", "split", "PREFILL_CHUNK"]
+__all__ = ["Request", "Work", "split", "PREFILL_CHUNK"]
 
 #: Tokens of a prefill forwarded per step while other calls decode.
 PREFILL_CHUNK = 512
@@ -66,6 +66,23 @@ class Request:
         self.input_ids = self.input_ids[:, size:]
         self.cache = cache
         self.n_real = None  # counted again from the mask (or the width) of what is left
+
+
+class Work:
+    """Host work of one call that the engine runs together with the same work of other calls.
+
+    A call's coroutine yields it as it yields a :class:`Request`, and is sent back its
+    result. The items of one ``key`` pending at a step run as one:
+    ``type(item).run_all(items)`` returns each item's result, in order.
+    """
+
+    @property
+    def key(self):
+        return id(self)
+
+    @staticmethod
+    def run_all(items: list["Work"]) -> list:
+        raise NotImplementedError
 
 
 def split(batch: list[Request], chunk: int, pads: bool = True) -> tuple[list[list[Request]], list[Request]]:

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Generator
 
-from .scheduler import Request
+from .scheduler import Request, Work
 
 __all__ = ["Call", "Table", "PIECE", "ALL", "READY"]
 
@@ -34,6 +34,7 @@ class Call:
     demand: str | None = None  # PIECE, ALL, READY, or None: parked (its consumer holds a piece)
     events: deque = field(default_factory=deque)  # pieces handed and not yet taken
     request: Request | None = None  # its forward, waiting for a step
+    work: Work | None = None  # its host work (a step's sampling), waiting to run with other calls'
     start: int | None = None  # where its pending forward started (a chunked prefill's cache grows)
     reply: tuple | None = None  # (result, error) of its last forward, sent when it is advanced
     admitted: bool = False

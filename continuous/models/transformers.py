@@ -168,30 +168,43 @@ class Transformers:
         """
         layout = self.joint.layout(requests)
         width, start = max(r.width for r in requests), layout.start
-        rows = sum(r.batch_rows for r in requests)
-        ids = torch.zeros((rows, width), dtype=torch.long, device=self.device)
-        mask = torch.zeros((rows, start + width), dtype=torch.long, device=self.device)
-        at = 0
-        for r, slots in zip(layout.requests, layout.slots):
-            length, n = len(slots), r.batch_rows
-            own = r.attention_mask if r.attention_mask is not None else torch.ones((n, length + r.width),
-                                                                                   dtype=torch.long)
-            own = own.to(self.device)
-            ids[at : at + n, width - r.width :] = r.input_ids.to(self.device)
-            mask[at : at + n, slots.to(self.device)] = own[:, :length]
-            mask[at : at + n, start + width - r.width :] = own[:, length:]
-            at += n
+        ids, mask = self._joint_inputs(layout, width)
         keep = max(r.logits_to_keep for r in requests)
         logits, cache = self._run_one(Request(ids, mask, layout.cache, keep, int(mask[:, start:].sum()), True),
                                       compiled=False)
         out, at = {}, 0
         for r, slots in zip(layout.requests, layout.slots):
             block = slice(at, at + r.batch_rows)
-            own = JointRows(cache._buffer, block, torch.cat([slots, torch.arange(start + width - r.width, start + width)]))
+            own = JointRows(cache._buffer, block, slots.then(range(start + width - r.width, start + width)))
             out[id(r)] = (logits[block, keep - r.logits_to_keep :], own)
             at += r.batch_rows
-        self.joint.keep(layout, cache, [out[id(r)][1] for r in layout.requests])
+        self.joint.keep(layout, cache, [out[id(r)][1] for r in layout.requests], mask)
         return [out[id(r)] for r in requests]
+
+    def _joint_inputs(self, layout, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stacked ``[rows, width]`` ids and ``[rows, start + width]`` attention mask of a merged step."""
+        requests, start, device = layout.requests, layout.start, self.device
+        rows = sum(r.batch_rows for r in requests)
+        if layout.mask is not None and all(r.attention_mask is None and r.width == width for r in requests):
+            # The same calls go on, every slot real: the last step's mask grows by the new columns.
+            ids = torch.cat([r.input_ids for r in requests]).to(device)
+            return ids, torch.cat([layout.mask, layout.mask.new_ones((rows, width))], 1)
+        ids = torch.zeros((rows, width), dtype=torch.long, device=device)
+        mask = torch.zeros((rows, start + width), dtype=torch.long, device=device)
+        at = 0
+        for r, slots in zip(requests, layout.slots):
+            length, n = len(slots), r.batch_rows
+            own = r.attention_mask if r.attention_mask is not None else torch.ones((n, length + r.width),
+                                                                                   dtype=torch.long)
+            own = own.to(device)
+            ids[at : at + n, width - r.width :] = r.input_ids.to(device)
+            if len(slots.base):
+                mask[at : at + n, slots.tensor().to(device)] = own[:, :length]
+            else:  # a run of slots (a call's cache stacked as it is)
+                mask[at : at + n, slots.tail.start : slots.tail.stop] = own[:, :length]
+            mask[at : at + n, start + width - r.width :] = own[:, length:]
+            at += n
+        return ids, mask
 
     def _compiled_width(self, n: int, mask, cache: KVCache | None, logits_to_keep: int) -> int:
         """The width a compiled step forwards ``n`` tokens at (0: run eagerly).

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from continuous.models.engine import DONE, Engine
-from continuous.models.scheduler import Request
+from continuous.models.scheduler import Request, Work
 from continuous.models.table import ALL, PIECE, READY
 
 
@@ -184,3 +184,64 @@ def test_a_consumer_drives_its_call_alone_on_its_own_thread(backend):
     assert engine.next(call, READY) == READY and call.demand is None
     assert [engine.next(call) for _ in range(3)] == [["solo0"], ["solo1"], ["solo-end"]]
     assert engine.next(call) == DONE and engine.thread is None  # no engine thread was needed
+
+
+class _Sum(Work):
+    """Host work whose items of one kind run as one batch: each gets its value doubled."""
+
+    batches = []
+
+    def __init__(self, kind, value):
+        self.kind, self.value = kind, value
+
+    @property
+    def key(self):
+        return self.kind
+
+    @staticmethod
+    def run_all(items):
+        _Sum.batches.append([i.value for i in items])
+        if any(i.value < 0 for i in items):
+            raise ValueError("negative")
+        return [2 * i.value for i in items]
+
+
+def _working(kind, values, got):
+    """A call's coroutine: per step, host work on one value, then a piece and a one-token forward."""
+    _, cache = yield Request(torch.zeros((1, 2), dtype=torch.long), None, None)
+    yield READY
+    for v in values:
+        got.append((yield _Sum(kind, v)))
+        yield [str(v)]
+        _, cache = yield Request(torch.zeros((1, 1), dtype=torch.long), None, cache)
+
+
+def test_the_host_work_of_every_call_runs_as_one_batch_per_key_and_step(backend):
+    engine, _ = _engine(backend)
+    _Sum.batches = []
+    got = {name: [] for name in "abc"}
+    calls = [engine.submit(_working(kind, values, got[name]), rows=1)
+             for name, kind, values in (("a", "x", [1, 2]), ("b", "x", [10, 20]), ("c", "y", [5, 6]))]
+    for call in calls:
+        engine.ask(call, ALL)
+    while any(not c.done for c in calls):
+        engine.step()
+    # One batch per kind and step, each item answered with its own result.
+    assert sorted(_Sum.batches) == sorted([[1, 10], [5], [2, 20], [6]])
+    assert got == {"a": [2, 4], "b": [20, 40], "c": [10, 12]}
+    assert all(c.error is None for c in calls)
+
+
+def test_host_work_that_fails_in_a_batch_fails_only_its_own_call(backend):
+    engine, _ = _engine(backend)
+    _Sum.batches = []
+    got = {"a": [], "b": []}
+    a = engine.submit(_working("x", [1, -1], got["a"]), rows=1)
+    b = engine.submit(_working("x", [3, 4], got["b"]), rows=1)
+    for call in (a, b):
+        engine.ask(call, ALL)
+    while not (a.done and b.done):
+        engine.step()
+    assert isinstance(a.error, ValueError) and b.error is None
+    assert got == {"a": [2], "b": [6, 8]}
+    assert [-1, 4] in _Sum.batches and [-1] in _Sum.batches and [4] in _Sum.batches  # together, then alone

@@ -1,0 +1,159 @@
+"""One step's choice of tokens, for the rows of one call or of many calls at once.
+
+A decoding call does not choose its tokens itself: it yields a :class:`Draw` (its rows'
+scores after its own processors) and is sent back a :class:`Drawn`. The model's engine
+gathers the draws of every call that steps together and runs them as one
+(:func:`Draw.run_all`): one mask for every row, one pass of the row-wise processors
+(constraint, forced tokens, bans, finished rows), one sampler pass whose parameters
+are per row, and one read to the host. A call running alone runs the same code with
+one draw, so a row's tokens never depend on who shares its step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ..models.scheduler import Work
+from ..samplers import Multinomial, RowDraws, Sampler, choose
+from .constraints import RowConstraints
+from .overlap import to_host
+from .processors import Processor, Scores, shared
+from .rows import RowView
+
+__all__ = ["Draw", "Drawn"]
+
+
+@dataclass(eq=False)
+class Draw(Work):
+    """A call's ask for its rows' next tokens.
+
+    Attributes
+    ----------
+    logits
+        ``[rows, vocab]`` the rows' scores after the call's own processors (the user's,
+        bias and penalties).
+    weights
+        ``[rows]`` the rows' weights before the step.
+    constraints
+        The rows' constraints (their masks).
+    rows
+        Each row's :class:`~continuous.decode.rows.RowView`.
+    sampler
+        The call's sampler.
+    rng
+        What it draws from (:class:`~continuous.samplers.RowDraws`, a generator, or ``None``).
+    sentinel
+        The token a finished row "emits" at no cost.
+    after
+        Processors that see the call's rows together with no other call's (beam ranking).
+    imposed
+        Row -> ``(token, log-probability)`` to take instead of the sampled one (tokens that a
+        check of drafts decided).
+    step
+        The step's index in the call.
+    queue
+        ``queue(ids)``, called with the rows' sampled ids on the device before the host reads
+        them (the next step queued behind the read); what it returns is :attr:`Drawn.queued`.
+    """
+
+    logits: torch.Tensor
+    weights: torch.Tensor
+    constraints: RowConstraints
+    rows: list[RowView]
+    sampler: Sampler
+    rng: Any
+    sentinel: int
+    after: list[Processor] = field(default_factory=list)
+    imposed: dict[int, tuple[int, float]] = field(default_factory=dict)
+    step: int = 0
+    queue: Callable[[torch.Tensor], Any] | None = None
+
+    @property
+    def key(self):
+        """Draws of one key run together: same device and sampler family; beams (which rank
+        a call's rows together) and processors of the call's rows alone run alone."""
+        if self.sampler.joint or self.after:
+            return id(self)
+        return (self.logits.device, self.logits.shape[-1], type(self.sampler))
+
+    @staticmethod
+    def run_all(draws: list["Draw"]) -> list["Drawn"]:
+        """Choose the next tokens of every draw's rows at once (draws of one :attr:`key`)."""
+        counts = [d.logits.shape[0] for d in draws]
+        logits = _cat([d.logits for d in draws])
+        before = _cat([d.weights for d in draws])
+        scores = Scores(logits, before, draws[0].step, [v for d in draws for v in d.rows])
+        for processor in shared([d.constraints for d in draws], draws[0].sentinel) + draws[0].after:
+            processor(scores)
+        rng = _draws(draws)
+        ids, ancestors, weights = choose([d.sampler for d in draws], counts, scores.logits, scores.rank, rng)
+        ids, weights = _impose(draws, counts, ids, weights, before)
+        # The one transfer of the step: ids, which rows are left with no allowed token and
+        # (beams) the rows they extend.
+        joint = draws[0].sampler.joint
+        no_token = scores.logits[ancestors, ids] == -torch.inf
+        read = to_host(torch.stack([ids, no_token.long()] + ([ancestors] if joint else [])))
+        # Queued behind the copy, the next steps run on the device while the host waits for it.
+        queued = [d.queue(_rows(ids, counts, i)) if d.queue is not None else None for i, d in enumerate(draws)]
+        host = read()
+        if not joint:  # a row with no token allowed keeps the weight it had
+            weights = torch.where(no_token, before, weights)
+        out, at = [], 0
+        for d, n, q in zip(draws, counts, queued):
+            rows = slice(at, at + n)
+            cost = None if d.constraints.constraint is None else scores.cost[rows]
+            out.append(Drawn(ids[rows], ancestors if joint else None, weights[rows], scores.logits[rows], cost,
+                             host[0][rows], host[2] if joint else list(range(n)), host[1][rows], q))
+            at += n
+        return out
+
+
+@dataclass
+class Drawn:
+    """A draw's outcome: per row, its token, the row it extends, its new weight (on the device and,
+    for the tokens, rows and dead rows, on the host), and the scores it was drawn from."""
+
+    ids: torch.Tensor
+    ancestors: torch.Tensor | None  # None: each row extends itself (only beams reorder rows)
+    weights: torch.Tensor
+    logits: torch.Tensor  # after every processor: what log-probabilities are read from
+    cost: torch.Tensor | None  # nats the constraint's mask removed (None: free text)
+    ids_h: list[int]
+    ancestors_h: list[int]
+    dead: list[int]  # 1 where the row had no allowed token
+    queued: Any = None  # what the draw's ``queue`` returned
+
+
+def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+
+
+def _rows(t: torch.Tensor, counts: list[int], i: int) -> torch.Tensor:
+    """Draw ``i``'s rows of a tensor over every draw's rows."""
+    at = sum(counts[:i])
+    return t if len(counts) == 1 else t[at : at + counts[i]]
+
+
+def _draws(draws: list[Draw]):
+    """What the sampler draws from: every row's own stream, or the one call's generator."""
+    if len(draws) == 1 or not isinstance(draws[0].sampler, Multinomial):
+        return draws[0].rng
+    return RowDraws.joined([d.rng for d in draws])
+
+
+def _impose(draws: list[Draw], counts: list[int], ids: torch.Tensor, weights: torch.Tensor, before: torch.Tensor):
+    """The step's ids and weights with the tokens imposed on some rows."""
+    if not any(d.imposed for d in draws):
+        return ids, weights
+    ids, weights = ids.clone(), weights.clone()
+    at = 0
+    for d, n in zip(draws, counts):
+        for r, (token, logprob) in d.imposed.items():
+            ids[at + r] = token
+            weights[at + r] = before[at + r] + logprob
+        at += n
+    return ids, weights
+
