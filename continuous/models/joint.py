@@ -26,42 +26,67 @@ __all__ = ["Joint", "Layout"]
 @dataclass
 class Layout:
     """A step's stacked rows: the requests in row order, their cache, and per request the
-    stacked slot of each of its cached slots; ``start`` is the stacked cache's length.
-    ``mask`` is the stacked attention mask of the cached slots when the step continues the
-    last one (``None``: made again from the requests' own)."""
+    stacked slot of each of its cached slots and its first row; ``start`` is the stacked
+    cache's length and ``rows`` its rows, among them the rows of calls that left (``dead``:
+    ``(first, stop)`` runs, forwarded with the others and never read).
+    ``kept`` says that the step continues the last one, whose stacked attention mask of the
+    cached slots is ``mask`` (``None``: every slot real); else the mask is made again from
+    the requests' own."""
 
     requests: list[Request]
     cache: KVCache | None
     slots: list[Slots]
     start: int
+    at: list[int]
+    rows: int
+    kept: bool = False
     mask: torch.Tensor | None = None
+
+    @property
+    def dead(self) -> list[tuple[int, int]]:
+        runs, row = [], 0
+        for r, at in zip(self.requests, self.at):
+            if at > row:
+                runs.append((row, at))
+            row = at + r.batch_rows
+        return runs + ([(row, self.rows)] if row < self.rows else [])
 
 
 class Joint:
-    """The stacked cache of the last merged step, and each call's place in it."""
+    """The stacked cache of the last merged step, and each call's place in it.
+
+    A call that leaves leaves its rows behind, as one call's finished rows stay in its
+    batch: the others go on in the same stacked cache, with nothing copied, until the rows
+    of calls that left outnumber theirs (or a call joins) and the caches are stacked again.
+    A few more rows cost little on a device bound by reading the weights.
+    """
 
     def __init__(self):
         self.cache: KVCache | None = None
-        self.mask: torch.Tensor | None = None  # the stacked cache's attention mask
+        self.mask: torch.Tensor | None = None  # the stacked cache's attention mask (None: every slot real)
+        self.rows = 0  # the stacked cache's rows, those of calls that left included
         # engine call id -> (the rows it was handed, weakly; their first row)
         self.members: dict[int, tuple[weakref.ref, int]] = {}
 
     def layout(self, requests: list[Request]) -> Layout:
         """The stacked rows of ``requests``: the kept ones when they continue the last step."""
         kept = [self.members.get(r.call) for r in requests]
-        if self.cache is not None and len(kept) == len(self.members) and all(
+        live = sum(r.batch_rows for r in requests)
+        if self.cache is not None and len(kept) == len(self.members) and 2 * live >= self.rows and all(
                 m is not None and r.cache is not None and m[0]() is r.cache for m, r in zip(kept, requests)):
             order = sorted(range(len(requests)), key=lambda i: kept[i][1])
             ordered = [requests[i] for i in order]
-            return Layout(ordered, self.cache, [r.cache.slots for r in ordered], self.cache.length, self.mask)
+            return Layout(ordered, self.cache, [r.cache.slots for r in ordered], self.cache.length,
+                          [kept[i][1] for i in order], self.rows, True, self.mask)
         self.forget({id(r.cache) for r in requests})
         lengths = [r.cache.length if r.cache is not None else 0 for r in requests]
         cache = stack([r.cache for r in requests], [r.batch_rows for r in requests], max(r.width for r in requests))
-        return Layout(requests, cache, [Slots(None, range(n)) for n in lengths], max(lengths))
+        at = [sum(r.batch_rows for r in requests[:i]) for i in range(len(requests))]
+        return Layout(requests, cache, [Slots(None, range(n)) for n in lengths], max(lengths), at, live)
 
-    def keep(self, layout: Layout, cache: KVCache, returned: list[JointRows], mask: torch.Tensor) -> None:
+    def keep(self, layout: Layout, cache: KVCache, returned: list[JointRows], mask: torch.Tensor | None) -> None:
         """After the step: ``cache`` is the stacked cache, ``returned`` the calls' rows of it,
-        ``mask`` its attention mask.
+        ``mask`` its attention mask (``None``: every slot real).
 
         Kept only when every request belongs to a call, all different, and while the
         stacked cache's holes do not outgrow its rows' slots (else the next step stacks
@@ -72,28 +97,24 @@ class Joint:
         if None in calls or len(set(calls)) < len(calls) or cache.length > 2 * longest + 64:
             self.forget()
             return
-        members, at = {}, 0
-        for r, own in zip(layout.requests, returned):
-            members[r.call] = (weakref.ref(own), at)
-            at += r.batch_rows
-        self.cache, self.members, self.mask = cache, members, mask
+        members = {r.call: (weakref.ref(own), at) for r, own, at in zip(layout.requests, returned, layout.at)}
+        self.cache, self.members, self.mask, self.rows = cache, members, mask, layout.rows
 
     def leave(self, call: int) -> None:
-        """A call ended: the rows it was handed are copied out (its final state owns its cache),
-        and the stacked cache is dropped (the others' rows copied out too), since it holds rows
-        that are no call's."""
+        """A call ended: the rows it was handed are copied out (its final state owns its cache);
+        they stay in the stacked cache as rows of no call, which the others' steps forward and
+        never read (the last call to leave drops the stacked cache)."""
         member = self.members.pop(call, None)
         if member is not None and (own := member[0]()) is not None:
             own.settle()
-        if member is not None:
-            # Its rows stay in the stacked cache: the next step stacks the others again.
+        if member is not None and not self.members:
             self.forget()
 
     def forget(self, stacked_again: set[int] = frozenset()) -> None:
         """Drop the last step's stacked cache; the rows of it that a call still holds are copied
         out, so that the stacked buffer is freed (but those about to be stacked again, by the
         ids of the caches: the stack copies them)."""
-        members, self.cache, self.members, self.mask = self.members, None, {}, None
+        members, self.cache, self.members, self.mask, self.rows = self.members, None, {}, None, 0
         for ref, _ in members.values():
             if (own := ref()) is not None and id(own) not in stacked_again:
                 own.settle()

@@ -168,31 +168,36 @@ class Transformers:
         """
         layout = self.joint.layout(requests)
         width, start = max(r.width for r in requests), layout.start
-        ids, mask = self._joint_inputs(layout, width)
+        ids, mask, n_real = self._joint_inputs(layout, width)
         keep = max(r.logits_to_keep for r in requests)
-        logits, cache = self._run_one(Request(ids, mask, layout.cache, keep, int(mask[:, start:].sum()), True),
-                                      compiled=False)
-        out, at = {}, 0
-        for r, slots in zip(layout.requests, layout.slots):
+        logits, cache = self._run_one(Request(ids, mask, layout.cache, keep, n_real, True), compiled=False)
+        out = {}
+        for r, slots, at in zip(layout.requests, layout.slots, layout.at):
             block = slice(at, at + r.batch_rows)
             own = JointRows(cache._buffer, block, slots.then(range(start + width - r.width, start + width)))
             out[id(r)] = (logits[block, keep - r.logits_to_keep :], own)
-            at += r.batch_rows
         self.joint.keep(layout, cache, [out[id(r)][1] for r in layout.requests], mask)
         return [out[id(r)] for r in requests]
 
-    def _joint_inputs(self, layout, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The stacked ``[rows, width]`` ids and ``[rows, start + width]`` attention mask of a merged step."""
-        requests, start, device = layout.requests, layout.start, self.device
-        rows = sum(r.batch_rows for r in requests)
-        if layout.mask is not None and all(r.attention_mask is None and r.width == width for r in requests):
-            # The same calls go on, every slot real: the last step's mask grows by the new columns.
-            ids = torch.cat([r.input_ids for r in requests]).to(device)
-            return ids, torch.cat([layout.mask, layout.mask.new_ones((rows, width))], 1)
-        ids = torch.zeros((rows, width), dtype=torch.long, device=device)
-        mask = torch.zeros((rows, start + width), dtype=torch.long, device=device)
-        at = 0
-        for r, slots in zip(requests, layout.slots):
+    def _joint_inputs(self, layout, width: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """The stacked ``[rows, width]`` ids and ``[rows, start + width]`` attention mask of a merged
+        step (no mask when every slot is real: attention then takes its plain causal path), and the
+        real tokens among them. Rows of calls that left take pad ids, and are never read."""
+        requests, start, device, dead = layout.requests, layout.start, self.device, layout.dead
+        if layout.kept and all(r.attention_mask is None and r.width == width for r in requests):
+            # The same calls go on, every new slot real: the last step's mask grows by the new columns.
+            pieces = [(at, r.input_ids.to(device)) for r, at in zip(requests, layout.at)]
+            pieces += [(a, torch.zeros((b - a, width), dtype=torch.long, device=device)) for a, b in dead]
+            ids = torch.cat([t for _, t in sorted(pieces, key=lambda p: p[0])]) if len(pieces) > 1 else pieces[0][1]
+            n_real = sum(r.batch_rows for r in requests) * width
+            if layout.mask is None:
+                return ids, None, n_real
+            return ids, torch.cat([layout.mask, layout.mask.new_ones((layout.rows, width))], 1), n_real
+        ids = torch.zeros((layout.rows, width), dtype=torch.long, device=device)
+        mask = torch.zeros((layout.rows, start + width), dtype=torch.long, device=device)
+        for a, b in dead:
+            mask[a:b, :start] = 1  # attended over, never read: a row with no slot at all would give NaN
+        for r, slots, at in zip(requests, layout.slots, layout.at):
             length, n = len(slots), r.batch_rows
             own = r.attention_mask if r.attention_mask is not None else torch.ones((n, length + r.width),
                                                                                    dtype=torch.long)
@@ -203,8 +208,8 @@ class Transformers:
             else:  # a run of slots (a call's cache stacked as it is)
                 mask[at : at + n, slots.tail.start : slots.tail.stop] = own[:, :length]
             mask[at : at + n, start + width - r.width :] = own[:, length:]
-            at += n
-        return ids, mask
+        n_real = int(mask[:, start:].sum())
+        return ids, None if bool(mask.all()) else mask, n_real
 
     def _compiled_width(self, n: int, mask, cache: KVCache | None, logits_to_keep: int) -> int:
         """The width a compiled step forwards ``n`` tokens at (0: run eagerly).

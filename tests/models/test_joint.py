@@ -8,6 +8,7 @@ from continuous import continuous, generate
 from continuous.kv import JointRows
 from continuous.models import joint as joint_module
 from continuous.models.scheduler import Request
+from continuous.models.table import ALL
 
 
 def _states(model):
@@ -92,9 +93,10 @@ def test_accounting_does_not_copy_the_rows_out_and_a_finished_call_owns_its_cach
         assert str(state) == str(gen(prompt, max_tokens=6))
 
 
-def test_a_call_leaving_the_merged_steps_restacks_the_others_in_one_forward(model):
-    """After a call ends, the others' next merged step stacks their rows again: reusing the
-    stacked cache (one row too many) failed, and every step fell back to one forward a call."""
+def test_the_calls_left_after_one_ends_go_on_in_one_merged_forward_a_step(model):
+    """After a call ends, the others' merged steps go on (its rows left behind, never read):
+    reusing the stacked cache once failed with one row too many, and every step fell back to
+    one forward a call."""
     gen = continuous(generate.text(model))
     asks = [("one", 3), ("two", 12), ("three", 12)]
     alone = [str(gen(p, max_tokens=n)) for p, n in asks]
@@ -117,3 +119,32 @@ def test_a_call_leaving_the_merged_steps_restacks_the_others_in_one_forward(mode
         model.engine.run_joint = merged
     assert not failures, failures[0]
     assert [str(s) for s in states] == alone
+
+
+def test_a_call_that_ends_leaves_its_rows_behind_until_they_outnumber_the_others(model, monkeypatch):
+    """Calls that end leave their rows in the stacked cache (nothing is copied for the others)
+    until those rows outnumber the running ones; then the running ones are stacked again. Every
+    call's output is the call's alone."""
+    gen = continuous(generate.text(model))
+    asks = [("one", 2), ("two", 3), ("three", 4), ("four", 12), ("five", 12)]
+    alone = [gen(p, max_tokens=n) for p, n in asks]
+    stacked, layouts = [], []
+    real_stack, real_layout = joint_module.stack, model.joint.layout
+    monkeypatch.setattr(joint_module, "stack", lambda *a: stacked.append(len(a[0])) or real_stack(*a))
+    monkeypatch.setattr(model.joint, "layout", lambda rs: layouts.append(real_layout(rs)) or layouts[-1])
+    engine = model.engine
+    monkeypatch.setattr(engine, "_start_thread", lambda: None)  # stepped by hand, below
+    streams = [gen.stream(p, max_tokens=n) for p, n in asks]
+    calls = [s._submitted() for s in streams]
+    for call in calls:
+        engine.ask(call, ALL)
+    while not all(c.done for c in calls):
+        engine.step()
+    for a, s in zip(alone, streams):
+        b = s.run()
+        assert list(a) == list(b) and a.token_ids.tolist() == b.token_ids.tolist()
+    decoding = [(len(lay.requests), lay.rows, lay.kept) for lay in layouts if lay.start]
+    # Five calls, then four and three on the same five rows; two left of five: stacked again.
+    assert (4, 5, True) in decoding and (3, 5, True) in decoding
+    assert (2, 2, False) in decoding and (2, 5, True) not in decoding
+    assert stacked[-1] == 2

@@ -14,7 +14,7 @@ from support.extras import need
 need("llama_cpp", "llamacpp")  # a skip with the reason; a failure where CI expects the extra
 
 import torch  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import assume, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 from support.llamacpp import f32_gguf  # noqa: E402
@@ -159,10 +159,23 @@ def _continue_both(lm, tm, build, n=6):
     _same(*outs)
 
 
+def _near_tie(model, build, n=6, margin=1e-3) -> bool:
+    """Whether greedy decoding on ``model`` after ``build`` meets two tokens within ``margin`` of
+    each other: two backends' rounding (a random model's logits) may then break the tie either way."""
+    gen = continuous(generate.text(model))
+    out = gen(build(model, gen), max_tokens=n, logprobs=2)
+    return any(len(alts) > 1 and alts[0][1] - alts[1][1] < margin for row in out.logprobs for _, _, alts in row)
+
+
 @given(cut=st.integers(1, 60), suffix=st.sampled_from(["", " and Bob", "!", "12"]))
+@example(cut=18, suffix="12")  # the two best tokens 2e-4 apart: llama.cpp and transformers pick differently
 @settings(max_examples=8, deadline=None)
 def test_a_slice_plus_text_continues_as_on_transformers(lm, tm, cut, suffix):
-    _continue_both(lm, tm, lambda m, gen: gen("User: Tell me about Omar.\nAssistant:", max_tokens=12)[:cut] + suffix)
+    def build(m, gen):
+        return gen("User: Tell me about Omar.\nAssistant:", max_tokens=12)[:cut] + suffix
+
+    assume(not _near_tie(tm, build))
+    _continue_both(lm, tm, build)
 
 
 @pytest.mark.parametrize("build", [
