@@ -56,7 +56,7 @@ import urllib.request
 from pathlib import Path
 
 import torch
-from common import emit, median, random_text, timed
+from common import RESULTS, emit, median, random_text, timed
 from real import QUESTIONS, Order, orders
 from serve import concurrently
 from support.serving import stop
@@ -345,6 +345,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions of each side (median)")
     parser.add_argument("--torch-threads", type=int, help="torch's threads in our process (default: torch's "
                         "own), which run the logits' processing while llama.cpp runs the model")
+    parser.add_argument("--only-concurrent", action="store_true",
+                        help="only the concurrent clients on the F32 GGUF (with --save: that figure of the file)")
     parser.add_argument("--serve-once", metavar="GGUF", help=argparse.SUPPRESS)  # the memory subprocess
     parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--clients", type=int, default=8, help=argparse.SUPPRESS)
@@ -424,6 +426,18 @@ def table(f32: dict, q4: dict, shared: int) -> list[tuple]:
     return rows
 
 
+def only_concurrent(binary, gguf: Path, tokenizer, size: dict, args) -> None:
+    """The ``concurrent`` figure alone; saved, it replaces that figure in the results file."""
+    with with_server(binary, gguf, size["shared"], size["clients"]) as server:
+        figure = concurrent(load(gguf, tokenizer, size["shared"]), server, size["clients"], size["completion"],
+                            args.reps)
+    path = RESULTS / "llamacpp.json"
+    result = json.loads(path.read_text()) if args.save and path.exists() else {"bench": "llamacpp", "f32": {}}
+    result["f32"]["concurrent"] = figure
+    row = ("concurrent tokens/s", f"{figure['ours']:.1f}", f"{figure.get('server', '-')}", figure.get("ratio", "-"))
+    emit("llamacpp", [("figure", "ours", "llama-server", "ratio"), row], result, args.save)
+
+
 def main():
     args = parse_args()
     if args.torch_threads:
@@ -437,6 +451,8 @@ def main():
 
     size = SIZES["quick" if args.quick else "full"]
     tokenizer = AutoTokenizer.from_pretrained(smollm2())
+    if args.only_concurrent:
+        return only_concurrent(binary, f32_gguf(smollm2()), tokenizer, size, args)
     f32 = sections(binary, f32_gguf(smollm2()), tokenizer, size, args.reps, every=True)
     q4 = sections(binary, smollm2_gguf(), tokenizer, size, args.reps, every=False)
     result = {"bench": "llamacpp", "model": "SmolLM2-135M-Instruct", "server": binary is not None,

@@ -225,7 +225,7 @@ class Engine:
         self._linger()
         self.cond.release()
         try:
-            self._step()
+            self._step(linger=True)
         finally:
             self.cond.acquire()
             self.driving = False
@@ -268,7 +268,11 @@ class Engine:
                 self.driving = False
                 self.cond.notify_all()
 
-    def _step(self) -> bool:
+    def _step(self, linger: bool = False) -> bool:
+        """The step (see :meth:`step`). With ``linger``, the consumers handed a piece by this step
+        get a moment to ask for the next one, so that their calls join this step's forward:
+        else each token of a stream would take two steps, and streams would fall into two
+        cohorts that forward in turns, each with half the rows."""
         began = time.perf_counter()
         with self.cond:
             for call in list(self.table.waiting):
@@ -284,7 +288,17 @@ class Engine:
             elif call.request is None and call.work is None and call.demand is not None:
                 self._advance(call)
                 moved = True
-        moved = self._work(calls) or moved
+        if self._work(calls):
+            moved = True
+            if linger:
+                waited = time.perf_counter()
+                with self.cond:
+                    self._linger()
+                began += time.perf_counter() - waited  # waiting is no host work
+            for call in calls:
+                if not call.done and not call.cancelled and call.request is None and call.work is None \
+                        and call.demand is not None:
+                    self._advance(call)
         requests = [c.request for c in calls if not c.done and c.request is not None]
         # Host work counts toward the next step that forwards (a step that only hands pieces out
         # did the sampling of the step its consumers ask for next).

@@ -245,3 +245,28 @@ def test_host_work_that_fails_in_a_batch_fails_only_its_own_call(backend):
     assert isinstance(a.error, ValueError) and b.error is None
     assert got == {"a": [2], "b": [6, 8]}
     assert [-1, 4] in _Sum.batches and [-1] in _Sum.batches and [4] in _Sum.batches  # together, then alone
+
+
+def test_streams_whose_consumers_ask_again_at_once_forward_together_every_step(backend):
+    """A consumer handed a piece that asks for the next one while the step waits for it has its
+    call join that same step's forward: each token takes one step, for every stream."""
+    engine, _ = _engine(backend)
+    calls = [engine.submit(_working("x", [1, 2, 3], []), rows=1) for _ in "abc"]
+    for call in calls:
+        engine.ask(call, PIECE)
+
+    def consumers_take_and_ask():  # what the step waits for: each consumer takes its piece, asks again
+        for call in calls:
+            if call.events:
+                call.events.popleft()
+                engine._ask(call, PIECE)
+
+    engine._linger = consumers_take_and_ask
+    engine._step(linger=True)  # the prefills
+    steps = 0
+    while not all(c.done for c in calls):
+        engine._step(linger=True)
+        steps += 1
+    decodes = [f for f in backend.forwards if all(width == 1 for _, width in f)]
+    assert decodes == [[(c.id, 1) for c in calls]] * 3  # every call in every decode forward
+    assert steps == 4  # 3 tokens (host work, a piece and a forward each), then the calls' ends
