@@ -68,8 +68,7 @@ def clients() -> None:
         right.bar(["continuous\n(models.llamacpp)", "llama-server"], [concurrent["ours"], concurrent["server"]],
                   color=["C0", "C3"])
         right.set(ylabel="generated tokens/s",
-                  title=f"llama.cpp backend (F32 GGUF), {concurrent['clients']} clients, "
-                        f"{result['sizes']['shared']} threads")
+                  title=f"F32 GGUF, {concurrent['clients']} clients, {result['sizes']['shared']} threads")
     else:
         right.set_axis_off()
     fig.suptitle("SmolLM2-135M-Instruct, greedy, on this machine's CPU")
