@@ -118,7 +118,7 @@ class Engine:
         The calling thread drives the steps while no other thread does.
         """
         self.ask(call, what)
-        self._drive_until(lambda: self._answer_ready(call, what))
+        self._drive_until(lambda: self._answer_ready(call, what), call)
         with self.cond:
             return self._answer(call, what)
 
@@ -149,7 +149,7 @@ class Engine:
     def close(self, call: Call) -> None:
         """Cancel ``call`` and wait until it ended (driving, if no other thread does)."""
         self.cancel(call)
-        self._drive_until(lambda: call.done)
+        self._drive_until(lambda: call.done, call)
 
     async def aclose(self, call: Call) -> None:
         """Cancel ``call`` and wait until it ended."""
@@ -183,14 +183,15 @@ class Engine:
 
     # -- driving -----------------------------------------------------------------------
 
-    def _drive_until(self, done: Callable[[], bool]) -> None:
-        """Drive steps while no other thread does, until ``done()`` (checked under the lock)."""
+    def _drive_until(self, done: Callable[[], bool], own: Call) -> None:
+        """Drive steps while no other thread does, until ``done()`` (checked under the lock);
+        ``own`` is the call this thread consumes (no step waits for it to ask)."""
         with self.cond:
             while not done():
                 if self.driving or not self._has_work():
                     self.cond.wait()
                     continue
-                self._round()
+                self._round(own)
 
     def _start_thread(self) -> None:
         """The engine thread, which drives for async consumers (started once per model)."""
@@ -219,25 +220,26 @@ class Engine:
         self._gauges()
         self.cond.notify_all()
 
-    def _round(self) -> None:
+    def _round(self, own: Call | None = None) -> None:
         """One step, driven by this thread (called with the lock held; released while stepping)."""
         self.driving = True
-        self._linger()
+        self._linger(own)
         self.cond.release()
         try:
-            self._step(linger=True)
+            self._step(linger=True, own=own)
         finally:
             self.cond.acquire()
             self.driving = False
             self.cond.notify_all()
 
-    def _linger(self) -> None:
+    def _linger(self, own: Call | None = None) -> None:
         """Wait (briefly) for calls that just handed a piece and will ask for the next one soon:
-        missing the step costs them a whole forward. Called with the lock held."""
+        missing the step costs them a whole forward. Not for ``own``, the call of the thread that
+        drives: its consumer asks only once the step is over. Called with the lock held."""
         grace = max(GRACE, min(self.last_forward / 2, 0.02))
         while True:
             late = [c.handed_at for c in self.table.calls.values()
-                    if c.demand is None and not c.done and not c.cancelled and c.request is None]
+                    if c.demand is None and not c.done and not c.cancelled and c.request is None and c is not own]
             left = max(late, default=0.0) + grace - time.monotonic()
             if left <= 0:
                 return
@@ -268,11 +270,11 @@ class Engine:
                 self.driving = False
                 self.cond.notify_all()
 
-    def _step(self, linger: bool = False) -> bool:
+    def _step(self, linger: bool = False, own: Call | None = None) -> bool:
         """The step (see :meth:`step`). With ``linger``, the consumers handed a piece by this step
-        get a moment to ask for the next one, so that their calls join this step's forward:
-        else each token of a stream would take two steps, and streams would fall into two
-        cohorts that forward in turns, each with half the rows."""
+        (but ``own``'s, whose thread drives) get a moment to ask for the next one, so that their
+        calls join this step's forward: else each token of a stream would take two steps, and
+        streams would fall into two cohorts that forward in turns, each with half the rows."""
         began = time.perf_counter()
         with self.cond:
             for call in list(self.table.waiting):
@@ -293,7 +295,7 @@ class Engine:
             if linger:
                 waited = time.perf_counter()
                 with self.cond:
-                    self._linger()
+                    self._linger(own)
                 began += time.perf_counter() - waited  # waiting is no host work
             for call in calls:
                 if not call.done and not call.cancelled and call.request is None and call.work is None \

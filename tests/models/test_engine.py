@@ -1,9 +1,12 @@
 """The engine's step, driven by hand with a fake backend: joins, leaves, parking, cancellation,
 admission and failures, with no clock and no thread."""
 
+import threading
+
 import pytest
 import torch
 
+from continuous.models import engine as engine_module
 from continuous.models.engine import DONE, Engine
 from continuous.models.scheduler import Request, Work
 from continuous.models.table import ALL, PIECE, READY
@@ -255,7 +258,7 @@ def test_streams_whose_consumers_ask_again_at_once_forward_together_every_step(b
     for call in calls:
         engine.ask(call, PIECE)
 
-    def consumers_take_and_ask():  # what the step waits for: each consumer takes its piece, asks again
+    def consumers_take_and_ask(own=None):  # what the step waits for: each consumer takes its piece, asks again
         for call in calls:
             if call.events:
                 call.events.popleft()
@@ -270,3 +273,16 @@ def test_streams_whose_consumers_ask_again_at_once_forward_together_every_step(b
     decodes = [f for f in backend.forwards if all(width == 1 for _, width in f)]
     assert decodes == [[(c.id, 1) for c in calls]] * 3  # every call in every decode forward
     assert steps == 4  # 3 tokens (host work, a piece and a forward each), then the calls' ends
+
+
+def test_a_thread_that_drives_its_own_stream_is_never_waited_for(backend, monkeypatch):
+    """The step waits for consumers to ask again, but not for the one whose thread drives it:
+    that consumer asks only once the step is over (with a 30 s grace, waiting would show)."""
+    monkeypatch.setattr(engine_module, "GRACE", 30.0)
+    engine, _ = _engine(backend)
+    call = engine.submit(_working("x", [1, 2, 3], []), rows=1)
+    pieces = []
+    consumer = threading.Thread(target=lambda: pieces.extend(iter(lambda: engine.next(call, PIECE), DONE)))
+    consumer.start()
+    consumer.join(timeout=10)
+    assert not consumer.is_alive() and pieces == [["1"], ["2"], ["3"]]
