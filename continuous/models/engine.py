@@ -287,7 +287,7 @@ class Engine:
             if call.cancelled:
                 self._close(call)
                 moved = True
-            elif call.request is None and call.work is None and call.demand is not None:
+            elif call.asks:
                 self._advance(call)
                 moved = True
         if self._work(calls):
@@ -298,8 +298,7 @@ class Engine:
                     self._linger(own)
                 began += time.perf_counter() - waited  # waiting is no host work
             for call in calls:
-                if not call.done and not call.cancelled and call.request is None and call.work is None \
-                        and call.demand is not None:
+                if call.asks:  # asked again while the step waited: joins this step's forward
                     self._advance(call)
         requests = [c.request for c in calls if not c.done and c.request is not None]
         # Host work counts toward the next step that forwards (a step that only hands pieces out

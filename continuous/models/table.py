@@ -46,6 +46,12 @@ class Call:
     first_piece_at: float | None = None  # time.monotonic() of its first piece, taken or not
     wakers: list = field(default_factory=list)  # (event loop, future) of async consumers waiting
 
+    @property
+    def asks(self) -> bool:
+        """Its consumer asked for something and nothing of it is pending: a step advances it."""
+        return (not self.done and not self.cancelled and self.request is None and self.work is None
+                and self.demand is not None)
+
 
 class Table:
     """The calls admitted (``calls``, by id) and those waiting for room (``waiting``, oldest first)."""
