@@ -234,19 +234,21 @@ class ForwardCache(Cache):
         Rows of the forward and slots it appends.
     layer_kinds
         Per model layer, whether it is a sliding-window layer.
+    reserve
+        Slots a new buffer holds at least (the length of a prompt forwarded in chunks).
     """
 
-    def __init__(self, cache: KVCache | None, rows: int, n_new: int, layer_kinds: list[bool]):
+    def __init__(self, cache: KVCache | None, rows: int, n_new: int, layer_kinds: list[bool], reserve: int = 0):
         self.start = cache.length if cache is not None else 0
         self.end = self.start + n_new
         if cache is None:
-            self._buffer = _Buffer(rows, capacity_for(self.end))
+            self._buffer = _Buffer(rows, capacity_for(max(self.end, reserve)))
             self._buffer.filled = self.end
         elif cache._buffer.claim(self.start, self.end):
             self._buffer = cache._buffer  # the tip of its buffer: append in place
         else:
             src = cache._buffer
-            capacity = capacity_for(self.end)
+            capacity = capacity_for(max(self.end, reserve))
             if cache.length == src.filled:
                 capacity = max(capacity, 2 * src.capacity)  # growing the tip: amortized doubling
             self._buffer = _gather(src, None, None, cache.length, capacity)

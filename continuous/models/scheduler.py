@@ -18,10 +18,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["Request", "Work", "split", "PREFILL_CHUNK"]
+__all__ = ["Request", "Work", "split", "PREFILL_CHUNK", "PREFILL_CHUNK_GPU"]
 
 #: Tokens of a prefill forwarded per step while other calls decode.
 PREFILL_CHUNK = 512
+#: The same on a GPU, where a forward's fixed cost is launching its kernels: chunks of
+#: 512 tokens leave the device idle most of the time (a 15k-token prompt took twice as long).
+PREFILL_CHUNK_GPU = 8192
 
 
 @dataclass(eq=False)
@@ -29,6 +32,8 @@ class Request:
     """One call's forward: ``input_ids`` ``[rows, n]`` after ``cache``, as ``Model.forward`` takes it.
 
     ``call`` is the id of the engine call that asked for it (``None`` for a direct forward).
+    ``reserve`` is the length its cache will reach once a longer request it is a chunk of
+    is forwarded: the first chunk makes room for all of them, so that none copies the cache.
     """
 
     input_ids: torch.Tensor
@@ -39,6 +44,7 @@ class Request:
     holes: bool = True
     call: int | None = None
     arrived: float = field(default_factory=time.monotonic)
+    reserve: int = 0
 
     @property
     def width(self) -> int:
@@ -59,7 +65,8 @@ class Request:
         size = min(size, self.width - self.logits_to_keep)
         start = self.cache.length if self.cache is not None else 0
         mask = None if self.attention_mask is None else self.attention_mask[:, : start + size]
-        return Request(self.input_ids[:, :size], mask, self.cache, 1, None, self.holes, self.call)
+        return Request(self.input_ids[:, :size], mask, self.cache, holes=self.holes, call=self.call,
+                       reserve=start + self.width)
 
     def advance(self, size: int, cache) -> None:
         """The first ``size`` slots were forwarded into ``cache``: the request goes on after them."""

@@ -14,8 +14,9 @@ from .base import Stats, check_layout, stop_ids
 from .masks import attention_masks, check_supported, layer_windows, near, positions
 from ..prefix import PrefixCache, parse_bytes
 from .engine import Engine
+from .graphs import GraphTrees
 from .joint import Joint
-from .scheduler import PREFILL_CHUNK, Request
+from .scheduler import PREFILL_CHUNK, PREFILL_CHUNK_GPU, Request
 
 __all__ = ["Transformers", "transformers", "check_causal"]
 
@@ -47,7 +48,7 @@ class Transformers:
     be safe to call concurrently (inference-mode PyTorch modules are).
     """
 
-    def __init__(self, model, tokenizer, *, compile: bool | str | dict = False, prefill_chunk: int = PREFILL_CHUNK,
+    def __init__(self, model, tokenizer, *, compile: bool | str | dict = False, prefill_chunk: int | None = None,
                  prefix_cache: int | str | None = None, max_rows: int | None = None, max_kv: int | str | None = None):
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError("continuous needs a fast (Rust) tokenizer: it maps characters to tokens "
@@ -71,7 +72,7 @@ class Transformers:
         self.compiled = None
         self._arange = None
         self.joint = Joint()  # the merged steps' stacked cache, used by the engine's step only
-        self.engine = Engine(self._run_one, self._run_joint, prefill_chunk=_check_chunk(prefill_chunk),
+        self.engine = Engine(self._run_one, self._run_joint, prefill_chunk=_check_chunk(prefill_chunk, self.device),
                              max_rows=_check_limit(max_rows, "max_rows"),
                              max_kv=_check_limit(parse_bytes(max_kv) if isinstance(max_kv, str) else max_kv, "max_kv"),
                              token_bytes=_token_bytes(model.config, self.dtype), stats=self.stats,
@@ -93,6 +94,7 @@ class Transformers:
             except (AttributeError, KeyError, TypeError) as exc:
                 raise ValueError(f"compile={compile!r}: not inductor's options ({exc})") from None
             self.compiled = torch.compile(self._step, mode=None if self._inductor else mode, dynamic=False)
+            self._graph_trees = GraphTrees() if self.device.type == "cuda" else None
             # Each (rows, capacity, mask kind) is a shape of its own. Past dynamo's
             # default of 8 compiled shapes per function, every new shape would run eager
             # steps for the rest of the process, with one log line as the only sign.
@@ -131,7 +133,7 @@ class Transformers:
             mask = attention_mask.to(device, non_blocking=True)
             at = positions(mask, start)
         width = self._compiled_width(n, mask, cache, logits_to_keep) if compiled else 0
-        fc = ForwardCache(cache, rows, width or n, self.kinds)
+        fc = ForwardCache(cache, rows, width or n, self.kinds, request.reserve)
         if width:
             try:
                 if width > n:
@@ -263,6 +265,8 @@ class Transformers:
         with torch.inference_mode(), options:
             # Frozen, only the weights are constants: the KV buffers stay the step's inputs.
             cache = StaticStepCache.of(fc, self.kinds, write_at, static=not torch._inductor.config.freezing)
+            if self._graph_trees is not None:
+                self._graph_trees.share()
             # A copy: a CUDA graph's outputs live in its pool, and its next replay writes there.
             return self.compiled(input_ids, query, masks, cache, slots[n_real - 1 : n_real]).clone()
 
@@ -358,14 +362,16 @@ def _token_bytes(config, dtype) -> int:
     return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
-def _check_chunk(size) -> int:
+def _check_chunk(size, device: torch.device) -> int:
+    if size is None:
+        return PREFILL_CHUNK_GPU if device.type == "cuda" else PREFILL_CHUNK
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"prefill_chunk must be a positive int of tokens, got {size!r}")
     return size
 
 
 def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, compile: bool | str | dict = False,
-                 prefix_cache: int | str | None = None, prefill_chunk: int = PREFILL_CHUNK,
+                 prefix_cache: int | str | None = None, prefill_chunk: int | None = None,
                  max_rows: int | None = None, max_kv: int | str | None = None, **from_pretrained) -> Transformers:
     """A local transformers model.
 
@@ -393,7 +399,8 @@ def transformers(model_or_path, tokenizer=None, *, device=None, dtype=None, comp
         only the rest (``stats.tokens_cached`` counts what it saved). Off by default.
     prefill_chunk
         While other calls are decoding, a long prompt is forwarded this many tokens at a
-        time, between their steps, so that it does not stall them.
+        time, between their steps, so that it does not stall them (default: 512 on a CPU,
+        8192 on a GPU, where a forward's fixed cost is launching its kernels).
     max_rows, max_kv
         Most rows (prompts x samples) and KV bytes (an int, or ``"4GB"``; a call reserves its
         rows x (longest prompt + ``max_tokens``)) the running calls may hold; past either,

@@ -243,6 +243,24 @@ def test_a_request_is_chunked_so_that_its_last_chunk_keeps_its_logits():
     assert _request(4).chunk(16) is None
 
 
+def test_a_prompt_forwarded_in_chunks_is_written_into_one_buffer_made_once(hf_model, tokenizer):
+    model = models.transformers(hf_model, tokenizer, prefill_chunk=16)
+    ids = tokenizer(" ".join(["story"] * 60), return_tensors="pt").input_ids
+    buffers, run_one = [], model.engine.run_one
+
+    def spy(request):
+        logits, cache = run_one(request)
+        buffers.append(cache.storage()[0])
+        return logits, cache
+
+    model.engine.run_one = spy
+    logits, cache = model.forward(ids, None, None)
+    assert len(buffers) == -(-ids.shape[1] // 16) > 2
+    assert all(b is buffers[0] for b in buffers) and buffers[0].capacity >= ids.shape[1]
+    whole, _ = models.transformers(hf_model, tokenizer).forward(ids, None, None)
+    torch.testing.assert_close(logits, whole, atol=1e-4, rtol=1e-4)
+
+
 def _own_rows_only(state):
     """The state's cache is a buffer of its own rows (no other call's rows stacked beside them)."""
     buffer, nbytes = state._rows.cache.storage()
