@@ -44,6 +44,31 @@ def test_compiled_decode_equals_eager(arch, device):
     assert list(one) == list(continuous(generate.text(eager))(PROMPTS[0], max_tokens=20))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_steps_run_on_every_thread_that_drives_a_step(device):
+    """Concurrent async calls drive steps from worker threads: on CUDA each replays the
+    graphs the main thread recorded."""
+    import asyncio
+    import threading
+
+    hf, tok = build_arch("llama", max_position_embeddings=256)
+    hf = hf.to(device)
+    model = models.transformers(hf, tok, compile=True)
+    gen = continuous(generate.text(model))
+    prompts = [f"User: count to {i}.\nAssistant:" for i in range(3)]
+    alone = [str(gen(p, max_tokens=12)) for p in prompts]  # records the graphs on this thread
+    threads, step = set(), model._static_step
+    model._static_step = lambda *args: threads.add(threading.get_ident()) or step(*args)
+
+    async def together():
+        return await asyncio.gather(*[gen.acall(p, max_tokens=12) for p in prompts])
+
+    assert [str(s) for s in asyncio.run(together())] == alone
+    assert str(asyncio.run(gen.acall(prompts[0], max_tokens=12))) == alone[0]  # alone, on a worker thread
+    assert threads - {threading.get_ident()}  # compiled steps ran on another thread
+    assert alone == [str(continuous(generate.text(models.transformers(hf, tok)))(p, max_tokens=12)) for p in prompts]
+
+
 def test_a_copied_buffer_does_not_compile_the_step_again():
     from torch._dynamo.utils import counters
 
@@ -61,6 +86,7 @@ def test_a_copied_buffer_does_not_compile_the_step_again():
 def test_every_batch_size_stays_compiled_past_dynamos_default_limit():
     from torch._dynamo.utils import counters
 
+    torch._dynamo.reset()  # shapes other tests compiled for the same step would not count again
     hf, tok = build_arch("llama", max_position_embeddings=256)
     model = models.transformers(hf, tok, compile=True)
     # Dynamo's tracing only (backend "eager"): the shapes are what is counted, not kernels.
