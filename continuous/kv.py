@@ -350,21 +350,18 @@ def stack(caches: "list[KVCache | None]", rows: list[int], extra: int) -> "KVCac
     if like is None:
         return None
     length = max(c.length if c is not None else 0 for c in caches)
-    # Only the holes up to ``length`` are zeroed: they are attended to with a zero weight,
-    # so they must hold numbers; every slot past them is written before it is read.
+    # Zeros, not empty memory: holes are attended to with a zero weight, and a compiled
+    # step attends over the whole capacity, so every slot must hold numbers.
     out = _Buffer(sum(rows), capacity_for(length + extra))
     with torch.inference_mode():
         for index in range(like.layers):
             keys, values = like.layer(index)
-            k = keys.new_empty((out.rows, keys.shape[1], out.capacity, keys.shape[3]))
-            v = values.new_empty((out.rows, values.shape[1], out.capacity, values.shape[3]))
+            k = keys.new_zeros((out.rows, keys.shape[1], out.capacity, keys.shape[3]))
+            v = values.new_zeros((out.rows, values.shape[1], out.capacity, values.shape[3]))
             at = 0
             for cache, n in zip(caches, rows):
-                filled = cache.length if cache is not None else 0
-                if filled:
-                    k[at : at + n, :, :filled], v[at : at + n, :, :filled] = cache.layer(index)
-                k[at : at + n, :, filled:length] = 0
-                v[at : at + n, :, filled:length] = 0
+                if cache is not None and cache.length:
+                    k[at : at + n, :, : cache.length], v[at : at + n, :, : cache.length] = cache.layer(index)
                 at += n
             out.keys.append(k)
             out.values.append(v)

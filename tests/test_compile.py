@@ -69,6 +69,40 @@ def test_compiled_steps_run_on_every_thread_that_drives_a_step(device):
     assert alone == [str(continuous(generate.text(models.transformers(hf, tok)))(p, max_tokens=12)) for p in prompts]
 
 
+def test_merged_steps_run_compiled_on_a_few_row_counts_and_equal_each_call_alone(monkeypatch):
+    """Where merged steps are compiled (CUDA's default), calls of several kinds that leave at
+    different steps each give what they give alone; the stacked rows keep to buckets."""
+    from pydantic import BaseModel
+
+    from continuous.models.table import ALL
+
+    class City(BaseModel):
+        name: str
+        people: int
+
+    hf, tok = build_arch("llama", max_position_embeddings=256)
+    model = models.transformers(hf, tok, compile=True)
+    model.compiled = torch.compile(model._step, backend="eager", dynamic=False)  # dynamo's tracing only: fast
+    model.joint.compiled = True
+    text, json = continuous(generate.text(model)), continuous(generate.json(model, City))
+    asks = [(text, "Once upon", 3), (text, "User: tell me about Lima.\nAssistant:", 9), (json, "A city:", 12),
+            (text, "A list: 1, 2,", 20), (json, "Another city:", 20)]
+    alone = [gen(p, max_tokens=n) for gen, p, n in asks]
+    rows, step = [], model._static_step
+    monkeypatch.setattr(model, "_static_step", lambda ids, *a: rows.append(ids.shape[0]) or step(ids, *a))
+    monkeypatch.setattr(model.engine, "_start_thread", lambda: None)  # stepped by hand, below
+    streams = [gen.stream(p, max_tokens=n) for gen, p, n in asks]
+    calls = [s._submitted() for s in streams]
+    for call in calls:
+        model.engine.ask(call, ALL)
+    while not all(c.done for c in calls):
+        model.engine.step()
+    for a, s in zip(alone, streams):
+        b = s.run()
+        assert str(a) == str(b) and a.token_ids.tolist() == b.token_ids.tolist()
+    assert 8 in rows and set(rows) <= {1, 2, 4, 8}  # five calls on eight rows, then fewer
+
+
 def test_a_copied_buffer_does_not_compile_the_step_again():
     from torch._dynamo.utils import counters
 

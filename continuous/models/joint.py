@@ -20,7 +20,12 @@ import torch
 from ..kv import JointRows, KVCache, Slots, stack
 from .scheduler import Request
 
-__all__ = ["Joint", "Layout"]
+__all__ = ["Joint", "Layout", "bucket"]
+
+
+def bucket(rows: int) -> int:
+    """The rows a stacked cache of ``rows`` live rows gets with buckets: 1, 2, 4, 8, then multiples of 8."""
+    return 1 << (rows - 1).bit_length() if rows <= 8 else -(-rows // 8) * 8
 
 
 @dataclass
@@ -59,9 +64,14 @@ class Joint:
     batch: the others go on in the same stacked cache, with nothing copied, until the rows
     of calls that left outnumber theirs (or a call joins) and the caches are stacked again.
     A few more rows cost little on a device bound by reading the weights.
+
+    ``compiled`` says that merged steps run compiled. A compiled step is made for each
+    shape it sees, so a stacked cache then has a bucket's number of rows (1, 2, 4, 8, then
+    multiples of 8), those past the calls' as rows of no call.
     """
 
-    def __init__(self):
+    def __init__(self, *, compiled: bool = False):
+        self.compiled = compiled
         self.cache: KVCache | None = None
         self.mask: torch.Tensor | None = None  # the stacked cache's attention mask (None: every slot real)
         self.rows = 0  # the stacked cache's rows, those of calls that left included
@@ -80,9 +90,12 @@ class Joint:
                           [kept[i][1] for i in order], self.rows, True, self.mask)
         self.forget({id(r.cache) for r in requests})
         lengths = [r.cache.length if r.cache is not None else 0 for r in requests]
-        cache = stack([r.cache for r in requests], [r.batch_rows for r in requests], max(r.width for r in requests))
+        rows = bucket(live) if self.compiled else live
+        pad = [None] if rows > live else []  # the bucket's rows past the calls' (all zeros)
+        cache = stack([r.cache for r in requests] + pad, [r.batch_rows for r in requests] + [rows - live] * len(pad),
+                      max(r.width for r in requests))
         at = [sum(r.batch_rows for r in requests[:i]) for i in range(len(requests))]
-        return Layout(requests, cache, [Slots(None, range(n)) for n in lengths], max(lengths), at, live)
+        return Layout(requests, cache, [Slots(None, range(n)) for n in lengths], max(lengths), at, rows)
 
     def keep(self, layout: Layout, cache: KVCache, returned: list[JointRows], mask: torch.Tensor | None) -> None:
         """After the step: ``cache`` is the stacked cache, ``returned`` the calls' rows of it,

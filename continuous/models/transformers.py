@@ -71,7 +71,11 @@ class Transformers:
         self.overlap = self.device.type == "cuda"
         self.compiled = None
         self._arange = None
-        self.joint = Joint()  # the merged steps' stacked cache, used by the engine's step only
+        # The merged steps' stacked cache, used by the engine's step only. Merged steps run
+        # compiled where compiled steps are CUDA graphs (eager, a step is its kernel launches);
+        # on a CPU they measured faster eager (attention over the whole buffer, rows padded to
+        # a few shapes and dynamo's guards cost more than they save).
+        self.joint = Joint(compiled=bool(compile) and self.device.type == "cuda")
         self.engine = Engine(self._run_one, self._run_joint, prefill_chunk=_check_chunk(prefill_chunk, self.device),
                              max_rows=_check_limit(max_rows, "max_rows"),
                              max_kv=_check_limit(parse_bytes(max_kv) if isinstance(max_kv, str) else max_kv, "max_kv"),
@@ -172,7 +176,7 @@ class Transformers:
         width, start = max(r.width for r in requests), layout.start
         ids, mask, n_real = self._joint_inputs(layout, width)
         keep = max(r.logits_to_keep for r in requests)
-        logits, cache = self._run_one(Request(ids, mask, layout.cache, keep, n_real, True), compiled=False)
+        logits, cache = self._run_one(Request(ids, mask, layout.cache, keep, n_real, True), self.joint.compiled)
         out = {}
         for r, slots, at in zip(layout.requests, layout.slots, layout.at):
             block = slice(at, at + r.batch_rows)
@@ -198,7 +202,7 @@ class Transformers:
         ids = torch.zeros((layout.rows, width), dtype=torch.long, device=device)
         mask = torch.zeros((layout.rows, start + width), dtype=torch.long, device=device)
         for a, b in dead:
-            mask[a:b, :start] = 1  # attended over, never read: a row with no slot at all would give NaN
+            mask[a:b] = 1  # attended over, never read: a row with no slot at all would give NaN
         for r, slots, at in zip(requests, layout.slots, layout.at):
             length, n = len(slots), r.batch_rows
             own = r.attention_mask if r.attention_mask is not None else torch.ones((n, length + r.width),
@@ -210,7 +214,7 @@ class Transformers:
             else:  # a run of slots (a call's cache stacked as it is)
                 mask[at : at + n, slots.tail.start : slots.tail.stop] = own[:, :length]
             mask[at : at + n, start + width - r.width :] = own[:, length:]
-        n_real = int(mask[:, start:].sum())
+        n_real = int(mask[:, start:].sum()) - sum(b - a for a, b in dead) * width
         return ids, None if bool(mask.all()) else mask, n_real
 
     def _compiled_width(self, n: int, mask, cache: KVCache | None, logits_to_keep: int) -> int:

@@ -148,3 +148,12 @@ def test_a_call_that_ends_leaves_its_rows_behind_until_they_outnumber_the_others
     assert (4, 5, True) in decoding and (3, 5, True) in decoding
     assert (2, 2, False) in decoding and (2, 5, True) not in decoding
     assert stacked[-1] == 2
+
+
+def test_buckets_hold_the_rows_with_a_few_sizes():
+    from continuous.models.joint import bucket
+
+    sizes = {bucket(n) for n in range(1, 129)}
+    assert all(n <= bucket(n) < 2 * n or n == 1 for n in range(1, 129))
+    assert all(bucket(n) - n < 8 for n in range(1, 129))
+    assert sizes == {1, 2, 4, 8} | set(range(16, 129, 8))
