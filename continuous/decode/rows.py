@@ -27,14 +27,18 @@ __all__ = ["RowState", "RowText", "RowHistory", "RowView", "StopStrings", "Rewin
 MAX_REWINDS = 1000
 
 
+#: Values shared as they are by copies (immutable).
+_ATOMS = (str, int, float, bool, tuple, type(None))
+
+
 def _duplicate(value):
     """An independent copy: containers element by element, objects by their ``copy()``."""
-    if isinstance(value, list):
-        return [_duplicate(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _duplicate(v) for k, v in value.items()}
-    if value is None or isinstance(value, (str, int, float, bool, tuple)):
+    if isinstance(value, _ATOMS):
         return value
+    if isinstance(value, list):  # most are lists of token ids: no call per element
+        return [v if isinstance(v, _ATOMS) else _duplicate(v) for v in value]
+    if isinstance(value, dict):
+        return {k: v if isinstance(v, _ATOMS) else _duplicate(v) for k, v in value.items()}
     return value.copy()
 
 
