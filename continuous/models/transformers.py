@@ -70,6 +70,7 @@ class Transformers:
         # decoding.decode): it pays where the device runs asynchronously.
         self.overlap = self.device.type == "cuda"
         self.compiled = None
+        self._graph_trees = None  # CUDA graphs of compiled steps, shared by the threads that step
         self._arange = None
         # The merged steps' stacked cache, used by the engine's step only. Merged steps run
         # compiled where compiled steps are CUDA graphs (eager, a step is its kernel launches);
@@ -98,7 +99,8 @@ class Transformers:
             except (AttributeError, KeyError, TypeError) as exc:
                 raise ValueError(f"compile={compile!r}: not inductor's options ({exc})") from None
             self.compiled = torch.compile(self._step, mode=None if self._inductor else mode, dynamic=False)
-            self._graph_trees = GraphTrees() if self.device.type == "cuda" else None
+            if self.device.type == "cuda":
+                self._graph_trees = GraphTrees()
             # Each (rows, capacity, mask kind) is a shape of its own. Past dynamo's
             # default of 8 compiled shapes per function, every new shape would run eager
             # steps for the rest of the process, with one log line as the only sign.
