@@ -101,6 +101,13 @@ def encode(tokenizer, text: str, special: bool) -> tuple[list[int], list[int]]:
     for _, end in offsets:
         last = max(last, end)  # special tokens report (0, 0)
         ends.append(last)
+    # A token whose span runs past the next one's start ends no text of its own: SentencePiece's
+    # dummy-prefix "▁" before a token that spells the first character again (",\"" is "▁", ",\"").
+    # Cutting the text after it would keep a space the cut text does not have: it ends where
+    # the next one does.
+    for i in range(len(ends) - 2, -1, -1):
+        if offsets[i + 1][0] < offsets[i][1] and offsets[i + 1] != (0, 0):
+            ends[i] = ends[i + 1]
     return ids, ends
 
 

@@ -37,6 +37,7 @@ def test_appending_text_tokenizes_like_the_whole_text(any_tokenizer, left, right
 
 @settings(max_examples=200, deadline=None)
 @given(text=TEXT, cut=st.integers(0, 30))
+@example(text=',"', cut=1)  # SentencePiece: "▁", ",\"" (the dummy prefix alone, then a token that spells the comma)
 def test_cutting_text_tokenizes_like_the_cut_text(any_tokenizer, text, cut):
     tokenizer = any_tokenizer
     ids, ends = encode(tokenizer, text, special=True)
