@@ -106,7 +106,7 @@ def encode(tokenizer, text: str, special: bool) -> tuple[list[int], list[int]]:
     # Cutting the text after it would keep a space the cut text does not have: it ends where
     # the next one does.
     for i in range(len(ends) - 2, -1, -1):
-        if offsets[i + 1][0] < offsets[i][1] and offsets[i + 1] != (0, 0):
+        if offsets[i + 1][0] < offsets[i][1]:
             ends[i] = ends[i + 1]
     return ids, ends
 

@@ -203,8 +203,6 @@ class Transformers:
             return ids, torch.cat([layout.mask, layout.mask.new_ones((layout.rows, width))], 1), n_real
         ids = torch.zeros((layout.rows, width), dtype=torch.long, device=device)
         mask = torch.zeros((layout.rows, start + width), dtype=torch.long, device=device)
-        for a, b in dead:
-            mask[a:b] = 1  # attended over, never read: a row with no slot at all would give NaN
         for r, slots, at in zip(requests, layout.slots, layout.at):
             length, n = len(slots), r.batch_rows
             own = r.attention_mask if r.attention_mask is not None else torch.ones((n, length + r.width),
@@ -216,7 +214,9 @@ class Transformers:
             else:  # a run of slots (a call's cache stacked as it is)
                 mask[at : at + n, slots.tail.start : slots.tail.stop] = own[:, :length]
             mask[at : at + n, start + width - r.width :] = own[:, length:]
-        n_real = int(mask[:, start:].sum()) - sum(b - a for a, b in dead) * width
+        n_real = int(mask[:, start:].sum())
+        for a, b in dead:
+            mask[a:b] = 1  # attended over, never read: a row with no slot at all would give NaN
         return ids, None if bool(mask.all()) else mask, n_real
 
     def _compiled_width(self, n: int, mask, cache: KVCache | None, logits_to_keep: int) -> int:
