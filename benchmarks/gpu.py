@@ -5,7 +5,8 @@
 The model is a random-weight Llama-3.2-1B shape (hidden 2048, 16 layers, 32 heads,
 8 kv heads, intermediate 8192, tied embeddings) in bf16 with the real Llama-3
 tokenizer (llama.cpp's vocab file, converted offline). Competitors run interleaved in
-one process and get the same ids, prefill, dtype and max tokens:
+one process and get the same ids, prefill, dtype and max tokens; each runs once before
+it is timed (compiling, choosing attention kernels), so that few ``--reps`` still time warm runs:
 
 - decode: 128 greedy tokens after a 512-token prompt, prefilled (decode time only),
   eager and with ``compile=True`` (compiled steps, CUDA graphs on a GPU), against HF ``generate`` with its dynamic cache and with ``cache_implementation="static"``
@@ -187,7 +188,8 @@ def decode(hf, tok, model, compiled, prompt_len, n_decode, args, device):
     ids = tok(prompt, return_tensors="pt").input_ids.to(device)
     floor = step_bytes(hf) / bandwidth(device)
     gen, gen_c = continuous(generate.text(model)), continuous(generate.text(compiled))
-    gen_c(gen_c(prompt, max_tokens=0), max_tokens=n_decode)  # compile the shapes first
+    for g in (gen, gen_c):  # warm up: compiles the compiled shapes, picks the eager attention kernels
+        g(g(prompt, max_tokens=0), max_tokens=n_decode)
     ours, ours_c, dyn, static = [], [], [], []
     with torch.no_grad():
         for _ in range(args.reps):
@@ -214,6 +216,8 @@ def multiturn(hf, tok, ours, args, device):
         runs[name] = theirs.pop("continuous")
     runs.update(theirs)
     seconds = {name: [] for name in runs}
+    for run in runs.values():  # warm up (compiles a compiled model's shapes): a median of few reps keeps a cold run
+        run()
     for _ in range(args.reps):
         for name, run in runs.items():
             seconds[name].append(clock(device, run)[1])
