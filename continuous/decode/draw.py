@@ -57,6 +57,9 @@ class Draw(Work):
     queue
         ``queue(ids)``, called with the rows' sampled ids on the device before the host reads
         them (the next step queued behind the read); what it returns is :attr:`Drawn.queued`.
+    logprobs
+        Whether the call records log-probabilities: what each row's weight gained is read to
+        the host with the ids (:attr:`Drawn.gained_h`).
     """
 
     logits: torch.Tensor
@@ -70,6 +73,7 @@ class Draw(Work):
     imposed: dict[int, tuple[int, float]] = field(default_factory=dict)
     step: int = 0
     queue: Callable[[torch.Tensor], Any] | None = None
+    logprobs: bool = False
 
     @property
     def key(self):
@@ -95,18 +99,26 @@ class Draw(Work):
         # (beams) the rows they extend.
         joint = draws[0].sampler.joint
         no_token = scores.logits[ancestors, ids] == -torch.inf
-        read = to_host(torch.stack([ids, no_token.long()] + ([ancestors] if joint else [])))
-        # Queued behind the copy, the next steps run on the device while the host waits for it.
-        queued = [d.queue(_rows(ids, counts, i)) if d.queue is not None else None for i, d in enumerate(draws)]
-        host = read()
         if not joint:  # a row with no token allowed keeps the weight it had
             weights = torch.where(no_token, before, weights)
+        gained = weights - (before[ancestors] if joint else before)
+        # ... and what each row's weight gained, for the calls that record log-probabilities.
+        read = to_host(torch.stack([ids, no_token.long()] + ([ancestors] if joint else [])),
+                       *([gained] if any(d.logprobs for d in draws) else []))
+        # Queued behind the copy, the next steps run on the device while the host waits for it.
+        queued = [d.queue(_rows(ids, counts, i)) if d.queue is not None else None for i, d in enumerate(draws)]
+        host, *gained_h = read()
+        host_gained = gained_h[0] if gained_h else None
+        # Each draw's rows of every tensor, as views made together.
+        parts = zip(*(_split(t, counts) for t in (ids, weights, gained, scores.logits)),
+                    _split(scores.cost, counts) if scores.cost is not None else [None] * len(draws))
         out, at = [], 0
-        for d, n, q in zip(draws, counts, queued):
+        for d, n, q, (ids_d, weights_d, gained_d, logits_d, cost_d) in zip(draws, counts, queued, parts):
             rows = slice(at, at + n)
-            cost = None if d.constraints.constraint is None else scores.cost[rows]
-            out.append(Drawn(ids[rows], ancestors if joint else None, weights[rows], scores.logits[rows], cost,
-                             host[0][rows], host[2] if joint else list(range(n)), host[1][rows], q))
+            cost = None if d.constraints.constraint is None else cost_d
+            out.append(Drawn(ids_d, ancestors if joint else None, weights_d, gained_d, logits_d, cost,
+                             host[0][rows], host[2] if joint else list(range(n)), host[1][rows], q,
+                             host_gained[rows] if d.logprobs else None))
             at += n
         return out
 
@@ -119,16 +131,22 @@ class Drawn:
     ids: torch.Tensor
     ancestors: torch.Tensor | None  # None: each row extends itself (only beams reorder rows)
     weights: torch.Tensor
+    gained: torch.Tensor  # what the step added to each row's weight (beams: to the row it extends)
     logits: torch.Tensor  # after every processor: what log-probabilities are read from
     cost: torch.Tensor | None  # nats the constraint's mask removed (None: free text)
     ids_h: list[int]
     ancestors_h: list[int]
     dead: list[int]  # 1 where the row had no allowed token
     queued: Any = None  # what the draw's ``queue`` returned
+    gained_h: list[float] | None = None  # ``gained`` on the host, for a draw that asked for it
 
 
 def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+
+
+def _split(t: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, ...]:
+    return (t,) if len(counts) == 1 else t.split(counts)
 
 
 def _rows(t: torch.Tensor, counts: list[int], i: int) -> torch.Tensor:

@@ -153,16 +153,17 @@ class Decoding:
                        and _alone(self.model))
             drawn = yield Draw(logits, batch.weights, batch.constraints, rows, self.sampler, self._rng(),
                                self.sentinel, self.after, self.speculation.imposed() if self.speculation else {},
-                               step, (lambda ids: Queued(self.model, ids, batch.cache)) if overlap else None)
+                               step, (lambda ids: Queued(self.model, ids, batch.cache)) if overlap else None,
+                               self.options.logprobs is not None)
             ids, ancestors, weights, queued = drawn.ids, drawn.ancestors, drawn.weights, drawn.queued
             if drawn.cost is not None:
                 batch.cost = batch.cost + drawn.cost
             ids_h, ancestors_h, dead = drawn.ids_h, drawn.ancestors_h, drawn.dead
             if ancestors_h != identity:
                 batch.select(ancestors_h, ancestors)
-            batch.record(step, weights - batch.weights)
+            batch.record(step, drawn.gained)
             batch.weights = weights
-            chunks, rewound = self.advance(ids_h, dead, step, self._read_logprobs(drawn.logits, ancestors, step))
+            chunks, rewound = self.advance(ids_h, dead, step, self._read_logprobs(drawn))
             step += 1
             drafts = self.speculation.draft(self, chunks) if self.speculation is not None else [[]] * len(chunks)
             sent, plain, new_ids = self._append(chunks, drafts, ids_h)
@@ -205,8 +206,8 @@ class Decoding:
         step is plain (one sampled token per row, as sampled: the forward takes the ids where
         they already are, with no host-to-device copy that would wait for the device), and the
         new ids."""
-        sent = [c + d for c, d in zip(chunks, drafts)]
-        plain = all(c == [t] for c, t in zip(sent, ids))
+        sent = [c + d for c, d in zip(chunks, drafts)] if any(drafts) else chunks
+        plain = all(len(c) == 1 and c[0] == t for c, t in zip(sent, ids))
         rows = self.batch.rows
         slots, new_ids = self.grid.append(sent, plain, any(row.history.rewinds for row in rows))
         for row, taken, chunk in zip(rows, slots, chunks):
@@ -236,15 +237,16 @@ class Decoding:
         batch.logits = logits[:, -1] if plain else torch.where(grid.last_real[:, -1:], logits[:, -1], batch.logits)
         return logits
 
-    def _read_logprobs(self, logits: torch.Tensor, ancestors: torch.Tensor | None, step: int) -> list | None:
+    def _read_logprobs(self, drawn) -> list | None:
         """Per row, the sampled token's log-probability (what its weight gained) and the
         ``options.logprobs`` likeliest tokens with theirs, under the sampler's distribution."""
         k = self.options.logprobs
         if k is None:
             return None
-        gained = self.batch.gained[:, step].tolist()
+        gained = drawn.gained_h
         if k == 0:  # no alternatives: the distribution is not needed
             return [(g, []) for g in gained]
+        logits, ancestors = drawn.logits, drawn.ancestors
         logprobs = self.sampler.logprobs(logits)
         top = (logprobs if ancestors is None else logprobs[ancestors]).topk(min(k, logits.shape[-1]), dim=-1)
         alternatives = [[(t, v) for t, v in zip(ids, values) if v > -float("inf")]

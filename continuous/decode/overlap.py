@@ -14,23 +14,26 @@ import torch
 __all__ = ["to_host", "Queued"]
 
 
-def to_host(t: torch.Tensor) -> Callable[[], list]:
-    """Start copying ``t`` to the host; returns a function that waits for it and gives ``t.tolist()``.
+def to_host(*tensors: torch.Tensor) -> Callable[[], list]:
+    """Start copying ``tensors`` to the host; returns a function that waits for them and gives
+    each one's ``tolist()`` (a list of them, one per tensor).
 
-    On CUDA the copy goes to pinned memory behind an event, so that work queued after it
-    does not delay it (a plain ``tolist()`` would wait for that work too).
+    On CUDA the copies go to pinned memory behind one event, so that work queued after
+    them does not delay them (a plain ``tolist()`` would wait for that work too).
     """
-    if t.device.type != "cuda":
-        values = t.tolist()
+    if tensors[0].device.type != "cuda":
+        values = [t.tolist() for t in tensors]
         return lambda: values
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
+    hosts = []
+    for t in tensors:
+        hosts.append(torch.empty(t.shape, dtype=t.dtype, pin_memory=True))
+        hosts[-1].copy_(t, non_blocking=True)
     copied = torch.cuda.Event()
     copied.record()
 
     def wait():
         copied.synchronize()
-        return host.tolist()
+        return [host.tolist() for host in hosts]
 
     return wait
 

@@ -343,6 +343,8 @@ class Engine:
                 return
             if item != READY and call.first_piece_at is None:
                 call.first_piece_at = time.monotonic()
+            if item != READY and call.demand == ALL and not call.cancelled:
+                continue  # the piece is dropped; no lock: nothing lowers a demand of ALL but this thread
             with self.cond:
                 if item == READY:
                     call.ready = True

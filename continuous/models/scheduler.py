@@ -46,14 +46,12 @@ class Request:
     arrived: float = field(default_factory=time.monotonic)
     reserve: int = 0
 
-    @property
-    def width(self) -> int:
-        return self.input_ids.shape[1]
-
-    @property
-    def batch_rows(self) -> int:
-        """The rows this request forwards (its ``input_ids``' first dimension)."""
-        return self.input_ids.shape[0]
+    def __post_init__(self):
+        # Read many times a step by the batching policy and the merged forward: kept, not computed.
+        #: The slots this request appends (its ``input_ids``' second dimension).
+        self.width: int = self.input_ids.shape[1]
+        #: The rows this request forwards (its ``input_ids``' first dimension).
+        self.batch_rows: int = self.input_ids.shape[0]
 
     def chunk(self, size: int) -> "Request | None":
         """The first ``size`` slots as a request of their own (``None`` when the rest is short enough).
@@ -71,6 +69,7 @@ class Request:
     def advance(self, size: int, cache) -> None:
         """The first ``size`` slots were forwarded into ``cache``: the request goes on after them."""
         self.input_ids = self.input_ids[:, size:]
+        self.width -= size
         self.cache = cache
         self.n_real = None  # counted again from the mask (or the width) of what is left
 
