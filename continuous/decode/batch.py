@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -13,6 +13,9 @@ from .grid import Grid
 from .rows import RowState
 
 __all__ = ["Batch"]
+
+#: Recorded steps kept at most before they are written (their tensors hold memory).
+_SETTLE_EVERY = 64
 
 
 @dataclass
@@ -28,9 +31,11 @@ class Batch:
     weights
         ``[rows]`` each row's log-probability under the sampler, on the device.
     gained
-        ``[rows, steps]`` what each step added to each row's weight (a rewind gives it back).
+        ``[rows, steps]`` what each step added to each row's weight (a rewind gives it back);
+        current after :meth:`settle`.
     cost
-        ``[rows]`` the nats the constraint removed over the call's steps.
+        ``[rows]`` the nats the constraint removed over the call's steps; current after
+        :meth:`settle`.
     cache
         The rows' KV cache.
     grid
@@ -56,21 +61,47 @@ class Batch:
     draws: RowDraws | None
     rows: list[RowState]
     logits_ok: list[bool]
+    # Steps recorded and not yet written into ``gained`` and ``cost``: writing each step at
+    # once would be a device op per call per step (a kernel launch on a GPU).
+    _recorded: list[tuple[int, torch.Tensor, torch.Tensor | None]] = field(default_factory=list, repr=False)
 
     def select(self, rows: list[int], index: torch.Tensor) -> None:
         """Row ``i`` becomes row ``rows[i]`` in every field (``index``: ``rows`` on the device)."""
+        self.settle()
         for f in fields(self):
-            setattr(self, f.name, _select(getattr(self, f.name), rows, index))
+            if not f.name.startswith("_"):
+                setattr(self, f.name, _select(getattr(self, f.name), rows, index))
 
-    def record(self, step: int, gained: torch.Tensor) -> None:
-        """Keep what step ``step`` added to each row's weight."""
-        if step >= self.gained.shape[1]:  # doubling: rewinds make more steps than tokens
+    def record(self, step: int, gained: torch.Tensor, cost: torch.Tensor | None = None) -> None:
+        """Keep what step ``step`` added to each row's weight (``[rows]``), and the nats the
+        constraint removed (``None``: none)."""
+        self._recorded.append((step, gained, cost))
+        if len(self._recorded) >= _SETTLE_EVERY:
+            self.settle()
+
+    def settle(self) -> None:
+        """Write the recorded steps into ``gained`` and ``cost``."""
+        recorded, self._recorded = self._recorded, []
+        if not recorded:
+            return
+        last = max(step for step, _, _ in recorded)
+        while last >= self.gained.shape[1]:  # doubling: rewinds make more steps than tokens
             self.gained = torch.cat([self.gained, torch.zeros_like(self.gained)], 1)
-        self.gained[:, step] = gained
+        steps = [step for step, _, _ in recorded]
+        columns = torch.stack([gained for _, gained, _ in recorded], 1)
+        if len(set(steps)) == len(steps):
+            self.gained[:, steps] = columns
+        else:  # a step recorded again (after a rewind): the later one stands
+            for j, step in enumerate(steps):
+                self.gained[:, step] = columns[:, j]
+        costs = [cost for _, _, cost in recorded if cost is not None]
+        if costs:
+            self.cost = self.cost + torch.stack(costs).sum(0)
 
     def give_back(self, row: int, steps: list[int]) -> None:
         """Take back from a row's weight what steps ``steps`` gave it."""
         if steps:
+            self.settle()
             self.weights[row] -= self.gained[row, steps].sum()
 
 

@@ -156,12 +156,10 @@ class Decoding:
                                step, (lambda ids: Queued(self.model, ids, batch.cache)) if overlap else None,
                                self.options.logprobs is not None)
             ids, ancestors, weights, queued = drawn.ids, drawn.ancestors, drawn.weights, drawn.queued
-            if drawn.cost is not None:
-                batch.cost = batch.cost + drawn.cost
             ids_h, ancestors_h, dead = drawn.ids_h, drawn.ancestors_h, drawn.dead
             if ancestors_h != identity:
                 batch.select(ancestors_h, ancestors)
-            batch.record(step, drawn.gained)
+            batch.record(step, drawn.gained, drawn.cost)
             batch.weights = weights
             chunks, rewound = self.advance(ids_h, dead, step, self._read_logprobs(drawn))
             step += 1
@@ -258,6 +256,7 @@ class Decoding:
         iteration stopped early, what it produced so far (the next call forwards the newest
         tokens, which this call did not)."""
         batch = self.batch
+        batch.settle()
         rows = [row.copy() for row in batch.rows]  # flushing here must leave the running rows as they are
         for row in rows:
             row.flush()

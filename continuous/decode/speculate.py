@@ -517,6 +517,7 @@ class Speculation:
             return
         masked = logits.masked_fill(~guide.allowed_at()[: len(logits)], -torch.inf)
         removed = torch.logsumexp(logits.float(), -1) - torch.logsumexp(masked.float(), -1)
+        batch.settle()
         batch.cost = batch.cost.clone()
         batch.cost[r] += removed.sum()
 

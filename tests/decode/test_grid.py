@@ -1,6 +1,8 @@
 """The grid of a call's slots: right-aligned columns, holes, the device mask, reordering."""
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from continuous.decode.grid import Grid
 from continuous.layout import Rows, interior_holes
@@ -89,3 +91,27 @@ def test_a_row_cut_shorter_before_the_call_ends_in_a_hole():
     assert not grid.holes
     grid.append([[10], [20]], plain=True, rewound=False)
     assert grid.holes
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.lists(st.integers(1, 99), max_size=2), min_size=3, max_size=3), min_size=1, max_size=6),
+       st.lists(st.booleans(), min_size=3, max_size=3))
+def test_any_run_of_appends_keeps_the_device_mask_and_the_flags_true_to_the_host_grid(steps, padded):
+    """Steps of one token per row take their own path: it must agree with the general one."""
+    grid = Grid(_rows([[0 if p else 5, 6] for p in padded], [[0 if p else 1, 1] for p in padded]),
+                torch.device("cpu"))
+    expected = [[] for _ in range(3)]
+    for chunks in steps:
+        n = len(grid.columns)
+        width = max(map(len, chunks))
+        slots, ids = grid.append(chunks, plain=False, rewound=False)
+        assert [list(s) for s in slots] == [list(range(n + width - len(c), n + width)) for c in chunks]
+        assert ids == [[PAD] * (width - len(c)) + c for c in chunks]
+        for row, own in zip(expected, ids):
+            row.extend(own)
+        token_ids, real = grid.layout()
+        assert token_ids[:, 2:].tolist() == expected
+        assert grid.all_real == bool(real.all())
+        assert grid.holes == interior_holes(real)
+        assert grid.trailing == [not r[-1] for r in real.tolist()]
+        _check_device_mask(grid)
