@@ -25,6 +25,8 @@ import torch
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from .transfer import to_device
+
 __all__ = ["CACHE_ARG", "KVCache", "ForwardCache", "StaticStepCache", "capacity_for", "stack", "JointRows", "Slots"]
 
 _MIN_CAPACITY = 64
@@ -431,7 +433,8 @@ class JointRows(KVCache):
     def _slots(self) -> torch.Tensor:
         """The slots as one tensor on the buffer's device (made once)."""
         if self._index is None:
-            self._index = self.slots.tensor().to(self._source.keys[0].device if self._source.keys else "cpu")
+            self._index = to_device(self.slots.tensor(), self._source.keys[0].device if self._source.keys
+                                    else torch.device("cpu"))
         return self._index
 
     @property

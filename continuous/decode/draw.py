@@ -18,8 +18,8 @@ import torch
 
 from ..models.scheduler import Work
 from ..samplers import Multinomial, RowDraws, Sampler, choose
+from ..transfer import to_host
 from .constraints import RowConstraints
-from .overlap import to_host
 from .processors import Processor, Scores, shared
 from .rows import RowView
 

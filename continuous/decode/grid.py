@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..layout import Rows, interior_holes
+from ..transfer import to_device
 
 __all__ = ["Grid"]
 
@@ -118,7 +119,7 @@ class Grid:
             self.last_real = self._ones
             self._ones_after += 1
         else:
-            self.last_real = torch.tensor(real, device=self._ones.device)
+            self.last_real = to_device(real, self._ones.device, torch.bool)
             self.attention_mask = torch.cat([self.attention_mask, self.last_real.long()], 1)
         self.all_real = self.all_real and all(map(all, real)) and not rewound
         self.holes = self.holes or rewound or any(0 < len(c) and (len(c) < width or ends_in_hole)

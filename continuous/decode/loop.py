@@ -23,6 +23,7 @@ from ..errors import ContextWarning
 from ..heal import heal_rows
 from ..layout import Rows
 from ..samplers import RowDraws
+from ..transfer import to_device
 from .advance import Advance
 from .batch import Batch
 from .constraints import RowConstraints
@@ -229,7 +230,7 @@ class Decoding:
         """Forward the step's new slots; each row's logits are those after its newest slot.
         Returns the logits of the last ``keep`` slots."""
         batch, grid = self.batch, self.grid
-        inputs = ids if plain else torch.tensor(ids, device=batch.logits.device)
+        inputs = ids if plain else to_device(ids, batch.logits.device, torch.long)
         logits, batch.cache = yield Request(inputs, None if grid.all_real else grid.attention_mask, batch.cache,
                                             logits_to_keep=keep, n_real=n_real, holes=grid.holes)
         batch.logits = logits[:, -1] if plain else torch.where(grid.last_real[:, -1:], logits[:, -1], batch.logits)

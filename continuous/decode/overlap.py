@@ -1,4 +1,4 @@
-"""The one host transfer of a step, and the next step queued behind it.
+"""The next step queued behind the host's read of the sampled ids.
 
 On a device that runs asynchronously (CUDA), the host reads each step's chosen ids
 while the device already computes the next step on them: the queued step is kept if
@@ -7,35 +7,9 @@ the step turns out plain (every row goes on with its sampled token), else given 
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
-__all__ = ["to_host", "Queued"]
-
-
-def to_host(*tensors: torch.Tensor) -> Callable[[], list]:
-    """Start copying ``tensors`` to the host; returns a function that waits for them and gives
-    each one's ``tolist()`` (a list of them, one per tensor).
-
-    On CUDA the copies go to pinned memory behind one event, so that work queued after
-    them does not delay them (a plain ``tolist()`` would wait for that work too).
-    """
-    if tensors[0].device.type != "cuda":
-        values = [t.tolist() for t in tensors]
-        return lambda: values
-    hosts = []
-    for t in tensors:
-        hosts.append(torch.empty(t.shape, dtype=t.dtype, pin_memory=True))
-        hosts[-1].copy_(t, non_blocking=True)
-    copied = torch.cuda.Event()
-    copied.record()
-
-    def wait():
-        copied.synchronize()
-        return [host.tolist() for host in hosts]
-
-    return wait
+__all__ = ["Queued"]
 
 
 class Queued:

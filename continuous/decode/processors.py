@@ -17,6 +17,7 @@ from typing import Protocol
 import torch
 
 from .constraints import RowConstraints
+from ..transfer import to_device
 from .rows import RowView
 
 __all__ = ["Scores", "Processor", "External", "Biased", "Penalized", "Constrained", "Forced", "Banned", "Finished",
@@ -145,7 +146,7 @@ class Constrained:
             cost = torch.where(torch.isfinite(kept), total - kept, 0.0)
             finished = [row.finished for row in scores.rows]
             if any(finished):
-                cost = cost.masked_fill(torch.tensor(finished, device=cost.device), 0.0)
+                cost = cost.masked_fill(to_device(finished, cost.device, torch.bool), 0.0)
             scores.cost = cost
         scores.logits = masked
 
@@ -167,7 +168,7 @@ class Forced:
         if not forced:
             return
         logits = scores.logits.clone()
-        rows, tokens = (torch.tensor(x, device=logits.device) for x in zip(*forced))
+        rows, tokens = to_device(list(zip(*forced)), logits.device, torch.long)
         logits[rows] = -torch.inf
         logits[rows, tokens] = 0.0
         scores.logits = logits
@@ -186,9 +187,9 @@ class Banned:
         if not rows:
             return
         logits = scores.logits
-        at = (torch.tensor(rows, device=logits.device), torch.tensor(tokens, device=logits.device))
+        at = tuple(to_device([rows, tokens], logits.device, torch.long))
         logits = logits.clone()
-        logits[at] = logits[at] + torch.tensor(shifts, device=logits.device, dtype=logits.dtype)
+        logits[at] = logits[at] + to_device(shifts, logits.device, logits.dtype)
         scores.logits = logits
 
 
@@ -204,9 +205,10 @@ class Finished:
         if not any(finished):
             return
         logits = scores.logits
-        done = torch.tensor(finished, device=logits.device)[:, None]
-        free = torch.zeros_like(logits[:1]).index_fill_(1, torch.tensor([self.sentinel], device=logits.device), 1)
-        scores.logits = torch.where(done, torch.where(free.bool(), 0.0, -torch.inf), logits)
+        done = to_device(finished, logits.device, torch.bool)[:, None]
+        only = torch.full_like(logits[:1], -torch.inf)
+        only[:, self.sentinel] = 0.0
+        scores.logits = torch.where(done, only, logits)
 
 
 class ForkRanking:

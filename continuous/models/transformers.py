@@ -13,6 +13,7 @@ from ..kv import CACHE_ARG, ForwardCache, JointRows, KVCache, StaticStepCache
 from .base import Stats, check_layout, stop_ids
 from .masks import attention_masks, check_supported, layer_windows, near, positions
 from ..prefix import PrefixCache, parse_bytes
+from ..transfer import to_device
 from .engine import Engine
 from .graphs import GraphTrees
 from .joint import Joint
@@ -128,7 +129,7 @@ class Transformers:
         rows, n = input_ids.shape
         start = cache.length if cache is not None else 0
         device = self.device
-        input_ids = input_ids.to(device, non_blocking=True)
+        input_ids = to_device(input_ids, device)
         if attention_mask is None:  # every slot is a real token: plain causal attention
             at = torch.arange(start, start + n, device=device).expand(rows, n)
             mask, n_real = None, rows * n
@@ -136,7 +137,7 @@ class Transformers:
             check_layout(input_ids, attention_mask, start)
             if n_real is None:
                 n_real = int(attention_mask[:, start:].sum())
-            mask = attention_mask.to(device, non_blocking=True)
+            mask = to_device(attention_mask, device)
             at = positions(mask, start)
         width = self._compiled_width(n, mask, cache, logits_to_keep) if compiled else 0
         fc = ForwardCache(cache, rows, width or n, self.kinds, request.reserve)
@@ -194,7 +195,7 @@ class Transformers:
         requests, start, device, dead = layout.requests, layout.start, self.device, layout.dead
         if layout.kept and all(r.attention_mask is None and r.width == width for r in requests):
             # The same calls go on, every new slot real: the last step's mask grows by the new columns.
-            pieces = [(at, r.input_ids.to(device)) for r, at in zip(requests, layout.at)]
+            pieces = [(at, to_device(r.input_ids, device)) for r, at in zip(requests, layout.at)]
             pieces += [(a, torch.zeros((b - a, width), dtype=torch.long, device=device)) for a, b in dead]
             ids = torch.cat([t for _, t in sorted(pieces, key=lambda p: p[0])]) if len(pieces) > 1 else pieces[0][1]
             n_real = sum(r.batch_rows for r in requests) * width
@@ -206,11 +207,11 @@ class Transformers:
         for r, slots, at in zip(requests, layout.slots, layout.at):
             length, n = len(slots), r.batch_rows
             own = r.attention_mask if r.attention_mask is not None else torch.ones((n, length + r.width),
-                                                                                   dtype=torch.long)
-            own = own.to(device)
-            ids[at : at + n, width - r.width :] = r.input_ids.to(device)
+                                                                                   dtype=torch.long, device=device)
+            own = to_device(own, device)
+            ids[at : at + n, width - r.width :] = to_device(r.input_ids, device)
             if len(slots.base):
-                mask[at : at + n, slots.tensor().to(device)] = own[:, :length]
+                mask[at : at + n, to_device(slots.tensor(), device)] = own[:, :length]
             else:  # a run of slots (a call's cache stacked as it is)
                 mask[at : at + n, slots.tail.start : slots.tail.stop] = own[:, :length]
             mask[at : at + n, start + width - r.width :] = own[:, length:]

@@ -1,0 +1,53 @@
+"""Host <-> device transfers that never make the host wait for the device's queued work.
+
+A plain ``torch.tensor(data, device="cuda")`` or ``.tolist()`` synchronizes: the host stops
+until every kernel queued before it has run, and a decode step's host work can no longer
+overlap the device's. These go through pinned memory with ``non_blocking`` copies (the
+caching host allocator keeps a pinned block until the copies that read it are done). On a
+CPU they are the plain operations.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+__all__ = ["to_device", "to_host"]
+
+
+def to_device(data, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``data`` (nested lists of numbers, or a CPU tensor) as a tensor on ``device``, copied
+    behind the work already queued there, without waiting for it."""
+    host = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
+    if dtype is not None and host.dtype != dtype:
+        host = host.to(dtype)
+    if device.type != "cuda" or host.device.type != "cpu":
+        return host.to(device)
+    if not host.is_pinned():
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
+def to_host(*tensors: torch.Tensor) -> Callable[[], list]:
+    """Start copying ``tensors`` to the host; returns a function that waits for them and gives
+    each one's ``tolist()`` (a list of them, one per tensor).
+
+    On CUDA the copies go to pinned memory behind one event, so that work queued after
+    them does not delay them (a plain ``tolist()`` would wait for that work too).
+    """
+    if tensors[0].device.type != "cuda":
+        values = [t.tolist() for t in tensors]
+        return lambda: values
+    hosts = []
+    for t in tensors:
+        hosts.append(torch.empty(t.shape, dtype=t.dtype, pin_memory=True))
+        hosts[-1].copy_(t, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def wait():
+        copied.synchronize()
+        return [host.tolist() for host in hosts]
+
+    return wait
