@@ -11,7 +11,14 @@ for JSON, with:
 - the host time per row per step, in µs: the wall time less the time inside the
   model's forward passes (timed by hooks on the HF module), over steps × rows;
 - the model's own per-step figures where it keeps them (``model.stats``);
-- whether every concurrent call's text equals the same call run alone.
+- whether every concurrent call's text equals the same call run alone;
+- where the host time goes (``breakdown``, µs per row per step), from one more run of each
+  with timers around the host phases (the timers' own cost included, so it is measured
+  apart from the figures above): the logits processors, the constraint's mask (filled on
+  the host, applied on the device), sampling, the read of the ids, advancing the rows,
+  detokenizing, stop strings, a forward's host work outside the model (``inputs``: masks,
+  positions, caches; for a merged step, stacking the calls' inputs) and the rest (``loop``:
+  the calls' loops and the engine's bookkeeping).
 
 Run alone (other processes make the figures noise): ``python benchmarks/engine.py``.
 ``--device cuda`` runs it on a GPU, ``--compile`` with compiled decode steps. On a GPU a
@@ -55,6 +62,59 @@ class ForwardClock:
         self.seconds += time.perf_counter() - self._start
 
 
+class Phases:
+    """Host seconds per phase, from timers put around the library's functions while it is
+    used (``with Phases(model) as phases``): a phase's time excludes the phases it calls."""
+
+    def __init__(self, model):
+        from continuous.decode import advance, constraints, draw, processors, rows
+        from continuous.detok import Detokenizer
+
+        self.model = model
+        self.targets = [  # (owner, attribute, phase)
+            (processors.Constrained, "__call__", "mask"), (constraints.RowConstraints, "_refresh", "mask"),
+            (processors.Forced, "__call__", "processors"), (processors.Banned, "__call__", "processors"),
+            (processors.Finished, "__call__", "processors"), (processors, "run", "processors"),
+            (draw, "choose", "sample"), (draw, "to_host", "read"), (advance.Advance, "__call__", "advance"),
+            (Detokenizer, "step", "detokenize"), (rows.StopStrings, "find", "stops"),
+            (type(model), "_run_joint", "inputs"), (type(model), "_run_one", "inputs"),
+        ]
+        self.seconds: dict[str, float] = {}
+        self._stack: list[float] = []  # per open phase, the seconds of the phases nested in it
+
+    def _wrap(self, fn, phase: str):
+        def timed(*args, **kwargs):
+            self._stack.append(0.0)
+            began = time.perf_counter()
+            try:
+                out = fn(*args, **kwargs)
+                if phase == "read" and callable(out):  # to_host: the wait is in the function it returns
+                    out = self._wrap(out, "read")
+                return out
+            finally:
+                spent = time.perf_counter() - began
+                nested = self._stack.pop()
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + spent - nested
+                if self._stack:
+                    self._stack[-1] += spent
+        return timed
+
+    def __enter__(self):
+        self._saved = [(owner, name, getattr(owner, name)) for owner, name, _ in self.targets]
+        for (owner, name, phase), (_, _, fn) in zip(self.targets, self._saved):
+            setattr(owner, name, self._wrap(fn, phase))
+        # The engine holds the backend's bound methods: it must see the timed ones.
+        engine = self.model.engine
+        self._engine = engine.run_one, engine.run_joint
+        engine.run_one, engine.run_joint = self.model._run_one, self.model._run_joint
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, fn in self._saved:
+            setattr(owner, name, fn)
+        self.model.engine.run_one, self.model.engine.run_joint = self._engine
+
+
 def prompts(n: int) -> list[str]:
     return [f"User: Tell me about the number {i} and the city number {3 * i + 1}.\nAssistant:" for i in range(n)]
 
@@ -94,6 +154,14 @@ def one_kind(model, clock, gen, texts_in: list[str], tokens: int, reps: int) -> 
                         "forward_ms_per_step": round(1e3 * best["forward"] / max(best["steps"], 1), 2),
                         "host_us_per_row_step": round(1e6 * host / max(best["steps"], 1) / len(texts_in), 1),
                         "steps": best["steps"], "tokens": generated, "stats": best["stats"], "values": values}
+    for name, run in (("one_call", batched), ("concurrent", lambda: asyncio.run(together()))):
+        with Phases(model) as phases:
+            timed = measure(model, clock, run)
+        host = dict(phases.seconds)
+        host["inputs"] = host.get("inputs", 0.0) - timed["forward"]  # the model's own forward is not host work
+        host["loop"] = timed["wall"] - timed["forward"] - sum(host.values())
+        per = 1e6 / max(timed["steps"], 1) / len(texts_in)
+        result[name]["breakdown"] = {k: round(v * per, 1) for k, v in sorted(host.items())}
     alone = [str(gen(p, max_tokens=tokens)) for p in texts_in]
     result["identical_to_alone"] = result["concurrent"].pop("values") == alone
     result["one_call_identical_to_alone"] = result["one_call"].pop("values") == alone
@@ -130,6 +198,13 @@ def main():
         table.append((k, one["tok_s"], conc["tok_s"], r["vs_one_call"],
                       f"{one['host_us_per_row_step']}, {conc['host_us_per_row_step']}",
                       f"{one['forward_ms_per_step']}, {conc['forward_ms_per_step']}", r["identical_to_alone"]))
+    phases = sorted({k for r in results.values() for run in ("one_call", "concurrent") for k in r[run]["breakdown"]})
+    for part in (phases[:5], phases[5:]):  # µs per row per step of each phase, one call and concurrent
+        table.append(("host µs/row/step", "(one, conc.)", *part) + ("",) * (5 - len(part)))
+        for k, r in results.items():
+            cells = [f"{r['one_call']['breakdown'].get(p, 0.0)}, {r['concurrent']['breakdown'].get(p, 0.0)}"
+                     for p in part]
+            table.append((k, "", *cells) + ("",) * (5 - len(part)))
     emit("engine", table, {"bench": "engine", "clients": CLIENTS, "tokens": TOKENS, "threads": args.threads,
                            "device": args.device, "compile": args.compile,
                            "kinds": results}, args.save)

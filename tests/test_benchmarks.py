@@ -85,6 +85,9 @@ def test_engine_benchmark_s_concurrent_calls_equal_each_call_alone():
             figures = kind[how]
             assert figures["tokens"] > 0 and figures["steps"] > 0 and figures["host_us_per_row_step"] > 0
             assert figures["stats"]["steps"] > 0  # the engine's own per-step counters
+            phases = figures["breakdown"]  # where the host time went, µs per row per step
+            assert {"advance", "detokenize", "sample", "read", "inputs", "loop"} <= set(phases)
+            assert all(v >= 0 for k, v in phases.items() if k != "loop")
 
 
 @bench()
