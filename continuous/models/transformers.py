@@ -193,15 +193,23 @@ class Transformers:
         step (no mask when every slot is real: attention then takes its plain causal path), and the
         real tokens among them. Rows of calls that left take pad ids, and are never read."""
         requests, start, device, dead = layout.requests, layout.start, self.device, layout.dead
-        if layout.kept and all(r.attention_mask is None and r.width == width for r in requests):
-            # The same calls go on, every new slot real: the last step's mask grows by the new columns.
-            pieces = [(at, to_device(r.input_ids, device)) for r, at in zip(requests, layout.at)]
+        if layout.kept and all(r.attention_mask is None for r in requests):
+            # The same calls go on, every slot of theirs real: the last step's mask grows by the
+            # new columns, each request's right-aligned (holes before a narrower one's).
+            pieces = [(at, _pad_left(to_device(r.input_ids, device), width)) for r, at in zip(requests, layout.at)]
             pieces += [(a, torch.zeros((b - a, width), dtype=torch.long, device=device)) for a, b in dead]
             ids = torch.cat([t for _, t in sorted(pieces, key=lambda p: p[0])]) if len(pieces) > 1 else pieces[0][1]
-            n_real = sum(r.batch_rows for r in requests) * width
-            if layout.mask is None:
-                return ids, None, n_real
-            return ids, torch.cat([layout.mask, layout.mask.new_ones((layout.rows, width))], 1), n_real
+            n_real = sum(r.batch_rows * r.width for r in requests)
+            if all(r.width == width for r in requests):
+                if layout.mask is None:
+                    return ids, None, n_real
+                return ids, torch.cat([layout.mask, layout.mask.new_ones((layout.rows, width))], 1), n_real
+            new = [[1] * width] * layout.rows  # rows of no call: attended over, never read
+            for r, at in zip(requests, layout.at):
+                new[at : at + r.batch_rows] = [[0] * (width - r.width) + [1] * r.width] * r.batch_rows
+            cached = layout.mask if layout.mask is not None else torch.ones((layout.rows, start), dtype=torch.long,
+                                                                             device=device)
+            return ids, torch.cat([cached, to_device(new, device, cached.dtype)], 1), n_real
         ids = torch.zeros((layout.rows, width), dtype=torch.long, device=device)
         mask = torch.zeros((layout.rows, start + width), dtype=torch.long, device=device)
         for r, slots, at in zip(requests, layout.slots, layout.at):
@@ -357,6 +365,12 @@ def _check_limit(value, name: str) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ValueError(f"{name} must be a positive int (or None: no limit), got {value!r}")
     return value
+
+
+def _pad_left(ids: torch.Tensor, width: int) -> torch.Tensor:
+    """``[rows, n]`` ids padded on the left with zeros to ``width`` columns."""
+    n = ids.shape[1]
+    return ids if n == width else torch.cat([ids.new_zeros((ids.shape[0], width - n)), ids], 1)
 
 
 def _token_bytes(config, dtype) -> int:

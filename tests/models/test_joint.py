@@ -157,3 +157,24 @@ def test_buckets_hold_the_rows_with_a_few_sizes():
     assert all(n <= bucket(n) < 2 * n or n == 1 for n in range(1, 129))
     assert all(bucket(n) - n < 8 for n in range(1, 129))
     assert sizes == {1, 2, 4, 8} | set(range(16, 129, 8))
+
+
+def test_calls_forwarding_different_numbers_of_real_tokens_go_on_in_the_kept_stack_as_alone(model, monkeypatch):
+    """A constrained call's forced run (several tokens) beside one-token steps: the narrower
+    requests' new slots are holes before their tokens, and no cache is stacked again."""
+    stacked = []
+    real_stack = joint_module.stack
+    monkeypatch.setattr(joint_module, "stack", lambda *a: stacked.append(1) or real_stack(*a))
+    caches = [s._rows.cache for s in _states(model)]
+    for widths in ((1, 1, 1), (3, 1, 2), (1, 1, 1), (1, 4, 1)):
+        requests = [Request(torch.arange(5, 5 + w)[None] + i, None, c, 1, None, True, i)
+                    for i, (c, w) in enumerate(zip(caches, widths))]
+        alone = [model._run_one(Request(q.input_ids, None, q.cache, 1, None, True)) for q in requests]
+        for q, (_, c) in zip(requests, alone):
+            c.release(q.cache.length)
+        merged = model._run_joint(requests)
+        for (a, _), (m, cache), q in zip(alone, merged, requests):
+            assert torch.allclose(a, m, atol=1e-4)
+            assert cache.length == q.cache.length + q.width
+        caches = [cache for _, cache in merged]
+    assert len(stacked) == 1  # every round went on in the stacked cache (later rounds read what earlier wrote)
