@@ -16,6 +16,7 @@ from continuous.decode.processors import (
     ForkRanking,
     Penalized,
     Scores,
+    _logsumexp,
     run,
 )
 from continuous.decode.finish import Finish
@@ -180,3 +181,14 @@ def test_wrong_penalties_and_biases_are_refused_when_the_call_is_made(model, opt
 
     with pytest.raises(error):
         continuous(generate.text(model))("Hi", max_tokens=2, **options)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.one_of(st.floats(-1e4, 1e4), st.just(-math.inf)), min_size=1, max_size=40))
+def test_the_cost_s_log_sum_exp_equals_torch_s(values):
+    row = torch.tensor(values, dtype=torch.float32)
+    ours, theirs = _logsumexp(row[None])[0], torch.logsumexp(row, -1)
+    if math.isinf(theirs):  # nothing allowed: NaN, which the cost reads as "removed nothing"
+        assert not torch.isfinite(ours)
+    else:
+        assert torch.allclose(ours, theirs, atol=1e-3, rtol=1e-5)
