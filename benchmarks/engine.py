@@ -73,6 +73,7 @@ class Phases:
         self.model = model
         self.targets = [  # (owner, attribute, phase)
             (processors.Constrained, "__call__", "mask"), (constraints.RowConstraints, "_refresh", "mask"),
+            (constraints.RowConstraints, "refresh_all", "mask"), (advance.Advance, "consume", "advance"),
             (processors.Forced, "__call__", "processors"), (processors.Banned, "__call__", "processors"),
             (processors.Finished, "__call__", "processors"), (processors, "run", "processors"),
             (draw, "choose", "sample"), (draw, "to_host", "read"), (advance.Advance, "__call__", "advance"),

@@ -33,13 +33,29 @@ class Advance:
         self.steps, self.limits = steps, limits
         self.stops = StopStrings(options.stop_at)
         self.joint = options.sampler.joint
+        self._consumed, self._singles = (), {}  # the rows :meth:`consume` moved, and their singles before
 
-    def __call__(self, ids: list[int], dead: list[int], step: int, logprobs: list | None
+    def consume(self, ids: list[int], dead: list[int]) -> list[int]:
+        """Move the matchers of the rows that take their sampled token past it, leaving their
+        masks to be written together (a :class:`~.constraints.Refresh`); returns those rows.
+        The call then passes them to :meth:`__call__` as ``consumed``."""
+        constraints, rows = self.batch.constraints, self.batch.rows
+        if constraints.matchers is None:
+            return []
+        taken = [r for r, t in enumerate(ids) if not rows[r].finished and not dead[r] and t not in self.eos]
+        self._singles = {r: constraints.single[r] for r in taken}  # what the sampled token was chosen among
+        for r in taken:
+            constraints.consume(r, ids[r])
+        return taken
+
+    def __call__(self, ids: list[int], dead: list[int], step: int, logprobs: list | None, consumed=()
                  ) -> tuple[list[list[int]], int]:
         """Each row takes its sampled token, then any the constraint forces (fast-forward), and
         rewinds on a banned match; returns each row's tokens to forward and the forwarded tokens
         rewinds took back. ``logprobs`` holds, per row, the sampled token's log-probability
-        and the top alternatives, when the call records them."""
+        and the top alternatives, when the call records them; ``consumed`` the rows whose
+        matchers :meth:`consume` moved already."""
+        self._consumed = set(consumed)
         chunks, rewound = [], 0
         for r, t in enumerate(ids):
             row, chunk, matches = self.batch.rows[r], [], []
@@ -77,11 +93,15 @@ class Advance:
         """Row ``r`` takes token ``t``, then any the constraint forces (fast-forward); returns
         them and the banned matches they make."""
         row, chunk, constraints = self.batch.rows[r], [t], self.batch.constraints
+        consumed = r in self._consumed
         # A token the constraint forced (the only one allowed) was not chosen: it carries no weight.
-        sampled = None if t in (row.forced_next, constraints.single[r]) else step
+        single = self._singles[r] if consumed else constraints.single[r]
+        sampled = None if t in (row.forced_next, single) else step
         row.forced_next = None
         while True:
-            constraints.advance(r, chunk[-1])
+            if not consumed:
+                constraints.advance(r, chunk[-1])
+            consumed = False
             matches = row.add(chunk[-1], sampled, self.stops)
             if logprob is not None:
                 # A forced token was the only one allowed: probability 1, whatever the steps.

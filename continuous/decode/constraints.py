@@ -11,10 +11,11 @@ from typing import Sequence
 
 import torch
 
-from ..engines import Watch, bits
+from ..engines import Watch, bits, fill_rows
+from ..models.scheduler import Work
 from ..heal import heal_matchers
 
-__all__ = ["RowConstraints"]
+__all__ = ["RowConstraints", "Refresh"]
 
 
 class RowConstraints:
@@ -115,6 +116,28 @@ class RowConstraints:
             self.matchers[row].advance(token_id)
             self._refresh(row)
 
+    def consume(self, row: int, token_id: int) -> None:
+        """:meth:`advance` without writing the row's mask: a :class:`Refresh` of the rows
+        consumed writes them all together, before anything reads them."""
+        self.matchers[row].advance(token_id)
+
+    @staticmethod
+    def refresh_all(parts: list[tuple["RowConstraints", list[int]]]) -> None:
+        """Write the masks (and singles) of the given rows of every part at once: one fill for
+        the rows of every call (see :func:`~continuous.engines.fill_rows`)."""
+        matchers = [c.matchers[r] for c, rows in parts for r in rows]
+        if not matchers:
+            return
+        block = torch.empty((len(matchers), parts[0][0].bitmask.shape[1]), dtype=torch.int32)
+        fill_rows(matchers, block)
+        singles, rows_of = bits.only_rows(block), block.numpy()
+        at = 0
+        for c, rows in parts:
+            c.bitmask.numpy()[rows] = rows_of[at : at + len(rows)]  # in place: a pinned buffer stays pinned
+            for r in rows:
+                c.single[r] = singles[at]
+                at += 1
+
     def rollback(self, row: int, n: int) -> None:
         """Undo a row's last ``n`` tokens."""
         if self.matchers is not None and n:
@@ -150,3 +173,20 @@ class RowConstraints:
         if self.device.type == "cuda":
             self.bitmask = self.bitmask.pin_memory()
         return self
+
+
+class Refresh(Work):
+    """A call's ask to write the masks of rows whose matchers consumed a token (see
+    :meth:`RowConstraints.consume`): the engine writes those of every call at once."""
+
+    def __init__(self, constraints: RowConstraints, rows: list[int]):
+        self.constraints, self.rows = constraints, rows
+
+    @property
+    def key(self):
+        return Refresh, self.constraints.bitmask.shape[1]
+
+    @staticmethod
+    def run_all(items: list["Refresh"]) -> list[None]:
+        RowConstraints.refresh_all([(item.constraints, item.rows) for item in items])
+        return [None] * len(items)

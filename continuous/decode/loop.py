@@ -26,7 +26,7 @@ from ..samplers import RowDraws
 from ..transfer import to_device
 from .advance import Advance
 from .batch import Batch
-from .constraints import RowConstraints
+from .constraints import Refresh, RowConstraints
 from .finish import Finish
 from .grid import Grid
 from .options import Options
@@ -162,7 +162,10 @@ class Decoding:
                 batch.select(ancestors_h, ancestors)
             batch.record(step, drawn.gained, drawn.cost)
             batch.weights = weights
-            chunks, rewound = self.advance(ids_h, dead, step, self._read_logprobs(drawn))
+            consumed = self.advance.consume(ids_h, dead)
+            if consumed:  # their masks are written with those of every call stepping now
+                yield Refresh(batch.constraints, consumed)
+            chunks, rewound = self.advance(ids_h, dead, step, self._read_logprobs(drawn), consumed)
             step += 1
             drafts = self.speculation.draft(self, chunks) if self.speculation is not None else [[]] * len(chunks)
             sent, plain, new_ids = self._append(chunks, drafts, ids_h)

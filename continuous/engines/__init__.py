@@ -22,7 +22,7 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["Constraint", "Matcher", "Watch", "Match", "ENGINES", "DEFAULT_ENGINE", "EngineFallbackWarning",
+__all__ = ["Constraint", "Matcher", "fill_rows", "Watch", "Match", "ENGINES", "DEFAULT_ENGINE", "EngineFallbackWarning",
            "check_engine", "json_schema", "regex", "grammar"]
 
 #: The engine names ``engine=`` accepts.
@@ -93,6 +93,25 @@ class EngineFallbackWarning(UserWarning):
 def grammar(lark: str, tokenizer) -> "Constraint":
     """The constraint of text in a Lark grammar's language (llguidance's dialect)."""
     return _engine("llguidance").lark(lark, tokenizer)
+
+
+def fill_rows(matchers: list["Matcher"], out: torch.Tensor) -> None:
+    """:meth:`Matcher.fill` of each matcher into its row of ``out`` (``[n, words]`` int32, CPU,
+    contiguous). Matchers of an engine that fills many rows at once (a ``fill_many`` static
+    method: llguidance's thread pool) do so together; the others one row at a time."""
+    groups: dict = {}
+    for i, m in enumerate(matchers):
+        groups.setdefault(getattr(type(m), "fill_many", None), []).append(i)
+    for fill_many, rows in groups.items():
+        if fill_many is None:
+            for i in rows:
+                matchers[i].fill(out[i])
+        elif len(rows) == len(matchers):
+            fill_many(matchers, out)
+        else:
+            block = out.new_empty((len(rows), out.shape[1]))
+            fill_many([matchers[i] for i in rows], block)
+            out[rows] = block
 
 
 class Matcher(Protocol):

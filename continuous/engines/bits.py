@@ -13,7 +13,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-__all__ = ["words", "pack", "has", "clear", "only", "unpack", "fill_row"]
+__all__ = ["words", "pack", "has", "clear", "only", "only_rows", "unpack", "fill_row"]
 
 
 def words(n_tokens: int) -> int:
@@ -54,6 +54,17 @@ def only(row: torch.Tensor) -> int | None:
     at = int(nonzero[0, 0])
     word = int(row[at]) & 0xFFFFFFFF
     return at * 32 + word.bit_length() - 1 if word & (word - 1) == 0 else None
+
+
+def only_rows(rows: torch.Tensor) -> list[int | None]:
+    """:func:`only` of every row of ``[n, words]`` int32 rows, at once."""
+    words = rows.numpy().view(np.uint32)
+    nonzero = words != 0
+    at = nonzero.argmax(1)
+    word = words[np.arange(len(words)), at].astype(np.int64)
+    single = (nonzero.sum(1) == 1) & (word & (word - 1) == 0)
+    ids = at * 32 + np.log2(np.where(single, word, 1)).astype(np.int64)  # exact for a power of two
+    return [int(i) if one else None for i, one in zip(ids, single)]
 
 
 _UNPACK: dict = {}

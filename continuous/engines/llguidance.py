@@ -78,6 +78,31 @@ class LLGuidanceMatcher:
         if self._m.is_error():
             raise RuntimeError(f"llguidance matcher failed: {_reason(self._m.get_error())}")
 
+    @staticmethod
+    def fill_many(matchers: list["LLGuidanceMatcher"], out: torch.Tensor) -> None:
+        """:meth:`fill` of each matcher into its row of ``out`` (``[n, words]`` int32, CPU,
+        contiguous), all at once on llguidance's thread pool with the GIL released."""
+        words = matchers[0]._words
+        if any(m._words != words for m in matchers):  # several tokenizers: one pass each
+            for w in {m._words for m in matchers}:
+                rows = [i for i, m in enumerate(matchers) if m._words == w]
+                block = out.new_empty((len(rows), out.shape[1]))
+                LLGuidanceMatcher.fill_many([matchers[i] for i in rows], block)
+                out[rows] = block
+            return
+        live = [(m._m, i) for i, m in enumerate(matchers) if not m._ended]
+        scratch = out if out.shape[1] == words else torch.empty((len(matchers), words), dtype=torch.int32)
+        if len(live) < len(matchers):
+            scratch.zero_()  # an ended row allows nothing
+        if live:
+            _executor().unsafe_compute_mask_ptr(live, scratch.data_ptr(), 4 * words, len(matchers))
+        for m, _ in live:
+            if m.is_error():
+                raise RuntimeError(f"llguidance matcher failed: {_reason(m.get_error())}")
+        if scratch is not out:  # ids past the tokenizer's vocabulary are never allowed
+            out[:, :words] = scratch
+            out[:, words:] = 0
+
     def advance(self, token_id: int) -> None:
         """Consume a token; ``ValueError`` (state unchanged) when the grammar forbids it."""
         if self._ended:
@@ -128,6 +153,16 @@ class LLGuidanceMatcher:
 
     def copy(self) -> "LLGuidanceMatcher":
         return LLGuidanceMatcher(self._m.deep_copy(), self._words, self._eos, self._ended)
+
+
+_EXECUTOR: list = []
+
+
+def _executor() -> "llguidance.LLExecutor":
+    """The process's llguidance thread pool (made on first use)."""
+    if not _EXECUTOR:
+        _EXECUTOR.append(llguidance.LLExecutor())
+    return _EXECUTOR[0]
 
 
 class LLGuidanceConstraint:

@@ -361,19 +361,24 @@ class Engine:
 
     def _work(self, calls: list[Call]) -> bool:
         """Run the host work the calls wait for, the items of one key together, and advance each
-        call with its result (until its forward or its next event). Returns whether any ran."""
-        groups: dict = {}
-        for call in calls:
-            if call.work is not None and not call.done and not call.cancelled:
-                groups.setdefault(call.work.key, []).append(call)
-        for group in groups.values():
-            items = [c.work for c in group]
-            for call in group:
-                call.work = None
-            for call, reply in zip(group, _together(items)):
-                call.reply = reply
-                self._advance(call)
-        return bool(groups)
+        call with its result (until its forward, its next event, or more work: run in turn, as
+        long as some call asks for it). Returns whether any ran."""
+        ran = False
+        while True:
+            groups: dict = {}
+            for call in calls:
+                if call.work is not None and not call.done and not call.cancelled:
+                    groups.setdefault(call.work.key, []).append(call)
+            if not groups:
+                return ran
+            ran = True
+            for group in groups.values():
+                items = [c.work for c in group]
+                for call in group:
+                    call.work = None
+                for call, reply in zip(group, _together(items)):
+                    call.reply = reply
+                    self._advance(call)
 
     def _close(self, call: Call) -> None:
         """End a cancelled call where its coroutine waits; its pending forward is dropped."""

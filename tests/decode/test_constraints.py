@@ -60,3 +60,23 @@ def test_free_text_allows_everything(tokenizer):
     constraints = RowConstraints(None, 2, len(tokenizer), len(tokenizer), tokenizer.eos_token_id,
                                  torch.device("cpu"))
     assert constraints.allowed() is None and not constraints.done(0) and constraints.forced(0) == []
+
+
+def test_rows_of_several_calls_consumed_then_refreshed_together_equal_each_advanced_alone(tokenizer):
+    from continuous.decode.constraints import Refresh
+
+    calls = [_constraints(tokenizer, "[0-9]+x", rows=3), _constraints(tokenizer, "(ab|cd)e", rows=2)]
+    alone = [_constraints(tokenizer, "[0-9]+x", rows=3), _constraints(tokenizer, "(ab|cd)e", rows=2)]
+    steps = [[(0, "1"), (2, "7")], [(1, "c")]]  # some rows of each call move, the others stay
+    items = []
+    for c, a, moves in zip(calls, alone, steps):
+        for r, text in moves:
+            t = tokenizer.encode(text, add_special_tokens=False)[0]
+            c.consume(r, t)
+            a.advance(r, t)
+        items.append(Refresh(c, [r for r, _ in moves]))
+    assert len({item.key for item in items}) == 1  # the engine runs them as one
+    assert Refresh.run_all(items) == [None, None]
+    for c, a in zip(calls, alone):
+        assert torch.equal(c.bitmask, a.bitmask) and c.single == a.single
+        assert [c.forced(r) for r in range(len(c.single))] == [a.forced(r) for r in range(len(a.single))]

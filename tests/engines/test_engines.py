@@ -284,3 +284,29 @@ NUMBER: /[0-9]+/
 def test_lark_arithmetic(small, text):
     c = llg.lark(ARITH, small)
     assert feed(c, small, text) == arithmetic(text)
+
+
+def test_many_rows_filled_at_once_equal_each_filled_alone(small):
+    """Matchers of every engine at different positions (one ended), into rows wider than the
+    vocabulary: llguidance's rows are filled together on its thread pool, the others alone."""
+    from continuous.engines import fill_rows, regex
+
+    text = "12345abc"
+    made = [regex("[0-9]+[a-z]*", small, engine=e) for e in ENGINES for _ in range(3)]
+    matchers = [c.matcher() for c in made]
+    for i, m in enumerate(matchers):
+        for t in encode(small, text)[: i % 4]:
+            m.advance(t)
+    ended = made[0].matcher()
+    for t in encode(small, text):
+        ended.advance(t)
+    ended.advance(small.eos_token_id)
+    matchers.append(ended)
+    words = made[0].words + 3
+    together = torch.full((len(matchers), words), -1, dtype=torch.int32)
+    fill_rows(matchers, together)
+    for m, row in zip(matchers, together):
+        alone = torch.full((words,), -1, dtype=torch.int32)
+        m.fill(alone)
+        assert torch.equal(row, alone)
+    assert not together[-1].any()  # after EOS nothing is allowed
