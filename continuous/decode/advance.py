@@ -76,6 +76,7 @@ class Advance:
                 chunk, undone = self._rewind(r, matches, chunk)
                 rewound += undone
             chunks.append(chunk)
+        self._consumed, self._singles = set(), {}  # this step's: nothing else may read them
         return chunks, rewound
 
     def _no_token(self, r: int, row: RowState) -> None:

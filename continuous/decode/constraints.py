@@ -12,8 +12,8 @@ from typing import Sequence
 import torch
 
 from ..engines import Watch, bits, fill_rows
-from ..models.scheduler import Work
 from ..heal import heal_matchers
+from ..models.scheduler import Work
 
 __all__ = ["RowConstraints", "Refresh"]
 

@@ -105,7 +105,8 @@ class Grid:
 
         ``plain`` says that every row appends exactly its sampled token, so the device
         mask grows by a column of ones with no host-to-device copy (it would wait for the
-        device); so does any step of one token per row. ``rewound`` says that some row took tokens back, leaving holes.
+        device); so does any step of one token per row. ``rewound`` says that some row took
+        tokens back, leaving holes.
         """
         if all(len(c) == 1 for c in chunks):
             return self._append_one([c[0] for c in chunks], rewound)

@@ -16,8 +16,8 @@ from typing import Protocol
 
 import torch
 
-from .constraints import RowConstraints
 from ..transfer import to_device
+from .constraints import RowConstraints
 from .rows import RowView
 
 __all__ = ["Scores", "Processor", "External", "Biased", "Penalized", "Constrained", "Forced", "Banned", "Finished",
