@@ -164,7 +164,12 @@ class Decoding:
             batch.weights = weights
             consumed = self.advance.consume(ids_h, dead)
             if consumed:  # their masks are written with those of every call stepping now
-                yield Refresh(batch.constraints, consumed)
+                try:
+                    yield Refresh(batch.constraints, consumed)
+                except BaseException:  # closed or failed here: the rows never took these tokens
+                    for r in consumed:
+                        batch.constraints.rollback(r, 1)
+                    raise
             chunks, rewound = self.advance(ids_h, dead, step, self._read_logprobs(drawn), consumed)
             step += 1
             drafts = self.speculation.draft(self, chunks) if self.speculation is not None else [[]] * len(chunks)

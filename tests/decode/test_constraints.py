@@ -80,3 +80,26 @@ def test_rows_of_several_calls_consumed_then_refreshed_together_equal_each_advan
     for c, a in zip(calls, alone):
         assert torch.equal(c.bitmask, a.bitmask) and c.single == a.single
         assert [c.forced(r) for r in range(len(c.single))] == [a.forced(r) for r in range(len(a.single))]
+
+
+def test_a_call_closed_while_its_masks_wait_to_be_written_leaves_its_matchers_with_its_rows(model):
+    """The tokens a call's matchers consumed before its rows took them are given back when
+    the call ends there: its state's text and its constraint agree."""
+    from continuous.decode import Decoding, Options
+    from continuous.decode.draw import Draw
+    from continuous.layout import Rows
+
+    constraint = regex("[0-9]", model.tokenizer)  # one digit: the consumed token alone would complete it
+    rows = Rows.from_texts(model.tokenizer, ["A digit: "])
+    decoding = Decoding(model, rows, torch.zeros(1), constraint, Options(max_tokens=3))
+    steps = decoding.run()
+    item = next(steps)
+    while not isinstance(item, Draw):  # the prefill's forwards, then READY
+        item = steps.send(model.forward(item.input_ids, item.attention_mask, item.cache, item.logits_to_keep)
+                          if hasattr(item, "input_ids") else None)
+    before = decoding.batch.constraints.bitmask.clone()
+    refresh = steps.send(Draw.run_all([item])[0])
+    assert refresh.rows == [0]  # the matcher moved; its mask is not written yet
+    steps.close()
+    assert torch.equal(decoding.batch.constraints.bitmask, before)
+    assert decoding.result().texts == [""] and decoding.batch.constraints.complete() == [False]
