@@ -33,29 +33,28 @@ class Advance:
         self.steps, self.limits = steps, limits
         self.stops = StopStrings(options.stop_at)
         self.joint = options.sampler.joint
-        self._consumed, self._singles = (), {}  # the rows :meth:`consume` moved, and their singles before
+        self._consumed: dict[int, int | None] = {}  # row -> its lone allowed token before :meth:`consume` moved it
 
     def consume(self, ids: list[int], dead: list[int]) -> list[int]:
         """Move the matchers of the rows that take their sampled token past it, leaving their
         masks to be written together (a :class:`~.constraints.Refresh`); returns those rows.
-        The call then passes them to :meth:`__call__` as ``consumed``."""
+        The step's :meth:`__call__` then takes them on from there."""
         constraints, rows = self.batch.constraints, self.batch.rows
         if constraints.matchers is None:
             return []
         taken = [r for r, t in enumerate(ids) if not rows[r].finished and not dead[r] and t not in self.eos]
-        self._singles = {r: constraints.single[r] for r in taken}  # what the sampled token was chosen among
+        self._consumed = {r: constraints.single[r] for r in taken}  # what the sampled token was chosen among
         for r in taken:
             constraints.consume(r, ids[r])
         return taken
 
-    def __call__(self, ids: list[int], dead: list[int], step: int, logprobs: list | None, consumed=()
+    def __call__(self, ids: list[int], dead: list[int], step: int, logprobs: list | None
                  ) -> tuple[list[list[int]], int]:
         """Each row takes its sampled token, then any the constraint forces (fast-forward), and
         rewinds on a banned match; returns each row's tokens to forward and the forwarded tokens
         rewinds took back. ``logprobs`` holds, per row, the sampled token's log-probability
-        and the top alternatives, when the call records them; ``consumed`` the rows whose
-        matchers :meth:`consume` moved already."""
-        self._consumed = set(consumed)
+        and the top alternatives, when the call records them. Rows :meth:`consume` moved this
+        step go on from there."""
         chunks, rewound = [], 0
         for r, t in enumerate(ids):
             row, chunk, matches = self.batch.rows[r], [], []
@@ -76,7 +75,7 @@ class Advance:
                 chunk, undone = self._rewind(r, matches, chunk)
                 rewound += undone
             chunks.append(chunk)
-        self._consumed, self._singles = set(), {}  # this step's: nothing else may read them
+        self._consumed = {}  # this step's: nothing else may read them
         return chunks, rewound
 
     def _no_token(self, r: int, row: RowState) -> None:
@@ -96,7 +95,7 @@ class Advance:
         row, chunk, constraints = self.batch.rows[r], [t], self.batch.constraints
         consumed = r in self._consumed
         # A token the constraint forced (the only one allowed) was not chosen: it carries no weight.
-        single = self._singles[r] if consumed else constraints.single[r]
+        single = self._consumed[r] if consumed else constraints.single[r]
         sampled = None if t in (row.forced_next, single) else step
         row.forced_next = None
         while True:

@@ -87,13 +87,9 @@ class Batch:
         last = max(step for step, _, _ in recorded)
         while last >= self.gained.shape[1]:  # doubling: rewinds make more steps than tokens
             self.gained = torch.cat([self.gained, torch.zeros_like(self.gained)], 1)
-        steps = [step for step, _, _ in recorded]
         columns = torch.stack([gained for _, gained, _ in recorded], 1)
-        if len(set(steps)) == len(steps):
-            self.gained[:, steps] = columns
-        else:  # a step recorded again (after a rewind): the later one stands
-            for j, step in enumerate(steps):
-                self.gained[:, step] = columns[:, j]
+        latest = {step: j for j, (step, _, _) in enumerate(recorded)}  # a step recorded again: the later stands
+        self.gained[:, list(latest)] = columns[:, list(latest.values())]
         costs = [cost for _, _, cost in recorded if cost is not None]
         if costs:
             self.cost = self.cost + torch.stack(costs).sum(0)

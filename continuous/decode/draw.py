@@ -105,13 +105,13 @@ class Draw(Work):
         # ... and what each row's weight gained, for the calls that record log-probabilities.
         read = to_host(torch.stack([ids, no_token.long()] + ([ancestors] if joint else [])),
                        *([gained] if any(d.logprobs for d in draws) else []))
+        # Each draw's rows of every tensor, as views made together.
+        parts = list(zip(*(_split(t, counts) for t in (ids, weights, gained, scores.logits)),
+                         _split(scores.cost, counts) if scores.cost is not None else [None] * len(draws)))
         # Queued behind the copy, the next steps run on the device while the host waits for it.
-        queued = [d.queue(_rows(ids, counts, i)) if d.queue is not None else None for i, d in enumerate(draws)]
+        queued = [d.queue(part[0]) if d.queue is not None else None for d, part in zip(draws, parts)]
         host, *gained_h = read()
         host_gained = gained_h[0] if gained_h else None
-        # Each draw's rows of every tensor, as views made together.
-        parts = zip(*(_split(t, counts) for t in (ids, weights, gained, scores.logits)),
-                    _split(scores.cost, counts) if scores.cost is not None else [None] * len(draws))
         out, at = [], 0
         for d, n, q, (ids_d, weights_d, gained_d, logits_d, cost_d) in zip(draws, counts, queued, parts):
             rows = slice(at, at + n)
@@ -147,12 +147,6 @@ def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 def _split(t: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, ...]:
     return (t,) if len(counts) == 1 else t.split(counts)
-
-
-def _rows(t: torch.Tensor, counts: list[int], i: int) -> torch.Tensor:
-    """Draw ``i``'s rows of a tensor over every draw's rows."""
-    at = sum(counts[:i])
-    return t if len(counts) == 1 else t[at : at + counts[i]]
 
 
 def _draws(draws: list[Draw]):

@@ -170,7 +170,7 @@ class Decoding:
                     for r in consumed:
                         batch.constraints.rollback(r, 1)
                     raise
-            chunks, rewound = self.advance(ids_h, dead, step, self._read_logprobs(drawn), consumed)
+            chunks, rewound = self.advance(ids_h, dead, step, self._read_logprobs(drawn))
             step += 1
             drafts = self.speculation.draft(self, chunks) if self.speculation is not None else [[]] * len(chunks)
             sent, plain, new_ids = self._append(chunks, drafts, ids_h)
