@@ -379,23 +379,24 @@ class Slots:
     makes them one tensor when something reads them.
     """
 
-    __slots__ = ("base", "tail")
+    __slots__ = ("base", "tail", "_based")
     _NONE = torch.zeros(0, dtype=torch.long)
 
-    def __init__(self, base: torch.Tensor | None = None, tail: range = range(0)):
+    def __init__(self, base: torch.Tensor | None = None, tail: range = range(0), based: int | None = None):
         self.base, self.tail = self._NONE if base is None else base, tail
+        self._based = len(self.base) if based is None else based  # read at every step: kept, not asked of the tensor
 
     def __len__(self) -> int:
-        return len(self.base) + len(self.tail)
+        return self._based + len(self.tail)
 
     def then(self, new: range) -> "Slots":
         """These slots followed by ``new``."""
         if not self.tail or self.tail.stop == new.start:
-            return Slots(self.base, range(self.tail.start if self.tail else new.start, new.stop))
+            return Slots(self.base, range(self.tail.start if self.tail else new.start, new.stop), self._based)
         return Slots(self.tensor(), new)
 
     def tensor(self) -> torch.Tensor:
-        if not len(self.base):
+        if not self._based:
             return torch.arange(self.tail.start, self.tail.stop)
         if not self.tail:
             return self.base

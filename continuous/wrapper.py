@@ -360,6 +360,7 @@ class Stream:
         self._ended: SequenceState | None = None  # made where the call ended
         self._first_piece_at: float | None = None  # of a call run alone (else its engine call's)
         self._keep_yielded = False
+        self._whole = False  # the consumer takes the whole answer: no pieces past the first
 
     def _body(self):
         """The call's coroutine: build the decoding, run it, make its final state; all on the
@@ -433,9 +434,17 @@ class Stream:
     def run(self) -> SequenceState:
         """Every step; the final state."""
         if self._final is None:
+            self._take_whole()
             self._next(ALL)
             self._final = self._finished()
         return self._final
+
+    def _take_whole(self) -> None:
+        """The consumer takes the whole answer: the call stops handing out pieces (but its
+        first, whose time is the time to first token)."""
+        self._whole = True
+        if self._decoding is not None:
+            self._decoding.whole = True
 
     async def arun(self) -> SequenceState:
         """:meth:`run` for asyncio. Cancelled, the generation stops at the engine's next step
@@ -444,6 +453,7 @@ class Stream:
             return self._final
         if self._engine is None:
             return (await self._in_worker(whole=True))[1]
+        self._take_whole()
         self._submitted()
         try:
             await self._engine.anext(self._call, ALL)
@@ -538,6 +548,7 @@ def _call_body(start: Callable[[], Decoding], state: Callable, stream: "weakref.
     held = stream()
     if held is not None:
         held._decoding = decoding
+        decoding.whole = held._whole
     del held
 
     def resumed():

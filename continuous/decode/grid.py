@@ -46,10 +46,10 @@ class Grid:
         self._mask = rows.attention_mask.to(device)
         self._ones_after = 0  # columns of ones appended to the mask and not yet made (plain steps)
         self.all_real = bool(rows.attention_mask.all())
-        self.holes = interior_holes(rows.attention_mask)
+        self.holes = not self.all_real and interior_holes(rows.attention_mask)
         # Per row, whether it ends in a hole (it finished, or was cut shorter): its next token
         # makes that hole interior.
-        self.trailing = (rows.attention_mask[:, -1] == 0).tolist()
+        self.trailing = [False] * rows.n_rows if self.all_real else (rows.attention_mask[:, -1] == 0).tolist()
         self._ones = torch.ones((rows.n_rows, 1), dtype=torch.bool, device=device)
         self.last_real: torch.Tensor | None = None  # [rows, width] of the last append, on the device
 

@@ -78,6 +78,10 @@ class Decoding:
         #: Called when the call resumes after a piece, before its next step (on the thread that
         #: steps it): where a stream keeps the state its consumer has seen.
         self.resumed: Callable[[], None] | None = None
+        #: Set once the consumer takes the whole answer, not pieces: only the first piece is
+        #: yielded (its time is the time to first token), and the last.
+        self.whole = False
+        self.over = False  # every row finished and flushed: results read the rows as they are
 
     def run(self):
         """The call: prepare the rows (heal, prefill, fork), yield :data:`READY`, then step.
@@ -175,14 +179,15 @@ class Decoding:
             drafts = self.speculation.draft(self, chunks) if self.speculation is not None else [[]] * len(chunks)
             sent, plain, new_ids = self._append(chunks, drafts, ids_h)
             self.unforwarded = chunks  # until the forward below: a snapshot's rows recompute them
-            try:
-                yield [row.release() for row in batch.rows]  # the consumer holds the piece: the call is parked
-                if self.resumed is not None:
-                    self.resumed()
-            except GeneratorExit:
-                if queued is not None:
-                    queued.give_back(count=False)
-                raise
+            if not self.whole or step == 1:  # a consumer of the whole answer hears of the first piece only
+                try:
+                    yield [row.release() for row in batch.rows]  # the consumer holds the piece: the call is parked
+                    if self.resumed is not None:
+                        self.resumed()
+                except GeneratorExit:
+                    if queued is not None:
+                        queued.give_back(count=False)
+                    raise
             if rewound:
                 self.model.stats.record_rewound(rewound)
             finished = all(row.finished for row in batch.rows)
@@ -203,6 +208,7 @@ class Decoding:
             self.unforwarded = None
         for row in batch.rows:  # a character left incomplete ends the text as replacement characters
             row.flush()
+        self.over = True
         last = [row.release() for row in batch.rows]
         if any(last):
             yield last
@@ -266,9 +272,11 @@ class Decoding:
         tokens, which this call did not)."""
         batch = self.batch
         batch.settle()
-        rows = [row.copy() for row in batch.rows]  # flushing here must leave the running rows as they are
-        for row in rows:
-            row.flush()
+        rows = batch.rows
+        if not self.over:
+            rows = [row.copy() for row in rows]  # flushing here must leave the running rows as they are
+            for row in rows:
+                row.flush()
         ok = batch.logits_ok if self.unforwarded is None else [
             ok and not c for ok, c in zip(batch.logits_ok, self.unforwarded)]
         out = rows_after(self.tokenizer, rows, self.grid, batch.cache, batch.logits, ok, self.pad)

@@ -70,8 +70,9 @@ def top_up_steps(model, rows: Rows):
     # Last real slot of each row in the chunk; logits_to_keep covers the earliest of them.
     last = length - 1 - chunk.flip(1).argmax(1)
     keep = int(length - last[has_new].min())
-    logits, cache = yield Request(rows.token_ids[:, start:], None if bool(mask.all()) else mask, rows.cache,
-                                  logits_to_keep=keep, n_real=int(chunk.sum()), holes=interior_holes(mask))
+    dense = bool(mask.all())
+    logits, cache = yield Request(rows.token_ids[:, start:], None if dense else mask, rows.cache,
+                                  logits_to_keep=keep, n_real=int(chunk.sum()), holes=not dense and interior_holes(mask))
     at = (last - (length - keep)).clamp(min=0).to(logits.device)
     picked = logits[torch.arange(rows.n_rows, device=logits.device), at]
     if rows.logits is not None:

@@ -7,17 +7,19 @@ was handed and where their slots sit. When the next step merges the same calls, 
 continuing the very rows it was handed, the new slots are appended to the stacked cache
 and nothing is copied: each call holds its rows of it (:class:`~continuous.kv.JointRows`),
 copied out only when read. Any other step (a call joined or left, a cache was replaced,
-a request of no call) stacks the caches again.
+a request of no call, holes outgrew the slots: see :func:`dense`) stacks the caches again.
 """
 
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from operator import itemgetter
 
 import torch
 
 from ..kv import JointRows, KVCache, Slots, stack
+from ..layout import COMPACT_SHARE
 from .scheduler import Request
 
 __all__ = ["Joint", "Layout", "bucket"]
@@ -47,6 +49,20 @@ class Layout:
     kept: bool = False
     mask: torch.Tensor | None = None
 
+    def blocks(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """Each request's rows of ``t`` (``[rows, ...]``, in stacked order), as views made at once."""
+        sizes, block_of, row = [], [], 0
+        for r, at in zip(self.requests, self.at):
+            if at > row:
+                sizes.append(at - row)
+            block_of.append(len(sizes))
+            sizes.append(r.batch_rows)
+            row = at + r.batch_rows
+        if row < t.shape[0]:
+            sizes.append(t.shape[0] - row)
+        parts = t.split(sizes)
+        return [parts[i] for i in block_of]
+
     @property
     def dead(self) -> list[tuple[int, int]]:
         runs, row = [], 0
@@ -55,6 +71,18 @@ class Layout:
                 runs.append((row, at))
             row = at + r.batch_rows
         return runs + ([(row, self.rows)] if row < self.rows else [])
+
+
+def dense(length: int, longest: int) -> bool:
+    """Whether a stacked cache of ``length`` slots is dense enough to keep when its longest call
+    holds ``longest`` of them.
+
+    A step whose calls forward different numbers of tokens (a prefill beside decodes, a
+    constraint's forced run) leaves holes in the rows of the others, and every later step
+    attends over them: past the share of holes a state squeezes out of its own cache, the
+    caches are stacked again (one copy).
+    """
+    return length - longest <= COMPACT_SHARE * length
 
 
 class Joint:
@@ -80,14 +108,10 @@ class Joint:
 
     def layout(self, requests: list[Request]) -> Layout:
         """The stacked rows of ``requests``: the kept ones when they continue the last step."""
-        kept = [self.members.get(r.call) for r in requests]
+        layout = self._kept(requests)
+        if layout is not None:
+            return layout
         live = sum(r.batch_rows for r in requests)
-        if self.cache is not None and len(kept) == len(self.members) and 2 * live >= self.rows and all(
-                m is not None and r.cache is not None and m[0]() is r.cache for m, r in zip(kept, requests)):
-            order = sorted(range(len(requests)), key=lambda i: kept[i][1])
-            ordered = [requests[i] for i in order]
-            return Layout(ordered, self.cache, [r.cache.slots for r in ordered], self.cache.length,
-                          [kept[i][1] for i in order], self.rows, True, self.mask)
         self.forget({id(r.cache) for r in requests})
         lengths = [r.cache.length if r.cache is not None else 0 for r in requests]
         rows = bucket(live) if self.compiled else live
@@ -97,17 +121,35 @@ class Joint:
         at = [sum(r.batch_rows for r in requests[:i]) for i in range(len(requests))]
         return Layout(requests, cache, [Slots(None, range(n)) for n in lengths], max(lengths), at, rows)
 
+    def _kept(self, requests: list[Request]) -> Layout | None:
+        """The last step's layout when ``requests`` continue it: the same calls, each with the
+        very rows it was handed, most rows live, and the stacked cache :func:`dense`."""
+        if self.cache is None or len(requests) != len(self.members):
+            return None
+        placed, live, longest = [], 0, 0
+        for r in requests:
+            member = self.members.get(r.call)
+            if member is None or r.cache is None or member[0]() is not r.cache:
+                return None
+            placed.append((member[1], r))
+            live += r.batch_rows
+            longest = max(longest, r.cache.length)
+        if 2 * live < self.rows or not dense(self.cache.length, longest):
+            return None
+        placed.sort(key=itemgetter(0))
+        ordered = [r for _, r in placed]
+        return Layout(ordered, self.cache, [r.cache.slots for r in ordered], self.cache.length,
+                      [at for at, _ in placed], self.rows, True, self.mask)
+
     def keep(self, layout: Layout, cache: KVCache, returned: list[JointRows], mask: torch.Tensor | None) -> None:
         """After the step: ``cache`` is the stacked cache, ``returned`` the calls' rows of it,
         ``mask`` its attention mask (``None``: every slot real).
 
-        Kept only when every request belongs to a call, all different, and while the
-        stacked cache's holes do not outgrow its rows' slots (else the next step stacks
-        the caches again, without them).
+        Kept only when every request belongs to a call, all different (the next step
+        stacks the caches again, without holes, once they are not :func:`dense`).
         """
         calls = [r.call for r in layout.requests]
-        longest = max(own.length for own in returned)
-        if None in calls or len(set(calls)) < len(calls) or cache.length > 2 * longest + 64:
+        if None in calls or len(set(calls)) < len(calls):
             self.forget()
             return
         members = {r.call: (weakref.ref(own), at) for r, own, at in zip(layout.requests, returned, layout.at)}

@@ -180,11 +180,11 @@ class Transformers:
         ids, mask, n_real = self._joint_inputs(layout, width)
         keep = max(r.logits_to_keep for r in requests)
         logits, cache = self._run_one(Request(ids, mask, layout.cache, keep, n_real, True), self.joint.compiled)
-        out = {}
-        for r, slots, at in zip(layout.requests, layout.slots, layout.at):
-            block = slice(at, at + r.batch_rows)
-            own = JointRows(cache._buffer, block, slots.then(range(start + width - r.width, start + width)))
-            out[id(r)] = (logits[block, keep - r.logits_to_keep :], own)
+        out, buffer = {}, cache._buffer
+        for r, slots, at, block in zip(layout.requests, layout.slots, layout.at, layout.blocks(logits)):
+            own = JointRows(buffer, slice(at, at + r.batch_rows), slots.then(range(start + width - r.width,
+                                                                                   start + width)))
+            out[id(r)] = (block if r.logits_to_keep == keep else block[:, keep - r.logits_to_keep :], own)
         self.joint.keep(layout, cache, [out[id(r)][1] for r in layout.requests], mask)
         return [out[id(r)] for r in requests]
 
@@ -196,11 +196,15 @@ class Transformers:
         if layout.kept and all(r.attention_mask is None for r in requests):
             # The same calls go on, every slot of theirs real: the last step's mask grows by the
             # new columns, each request's right-aligned (holes before a narrower one's).
-            pieces = [(at, _pad_left(to_device(r.input_ids, device), width)) for r, at in zip(requests, layout.at)]
-            pieces += [(a, torch.zeros((b - a, width), dtype=torch.long, device=device)) for a, b in dead]
-            ids = torch.cat([t for _, t in sorted(pieces, key=lambda p: p[0])]) if len(pieces) > 1 else pieces[0][1]
+            same = all(r.width == width for r in requests)
+            pieces = [(at, to_device(r.input_ids, device) if same else _pad_left(to_device(r.input_ids, device), width))
+                      for r, at in zip(requests, layout.at)]
+            if dead:
+                pieces += [(a, torch.zeros((b - a, width), dtype=torch.long, device=device)) for a, b in dead]
+                pieces.sort(key=lambda p: p[0])
+            ids = torch.cat([t for _, t in pieces]) if len(pieces) > 1 else pieces[0][1]
             n_real = sum(r.batch_rows * r.width for r in requests)
-            if all(r.width == width for r in requests):
+            if same:
                 if layout.mask is None:
                     return ids, None, n_real
                 return ids, torch.cat([layout.mask, layout.mask.new_ones((layout.rows, width))], 1), n_real

@@ -101,3 +101,34 @@ def test_overlapped_steps_give_the_same_states(hf_model, tokenizer, case):
     more_b = continuous(generate.text(overlapped, sampler))(b + " and", max_tokens=5, seed=4)
     assert list(more_a) == list(more_b)
     assert overlapped.stats.forward_calls - plain.stats.forward_calls <= 2
+
+
+def test_a_consumer_of_the_whole_answer_hears_of_the_first_piece_and_the_last_only(model):
+    """A call whose consumer takes the whole answer skips handing out the pieces in between
+    (the first says when the first token came); its result is the streamed call's."""
+    from continuous.decode import Decoding, Options
+    from continuous.layout import Rows
+
+    def decoding(whole):
+        d = Decoding(model, Rows.from_texts(model.tokenizer, ["Once upon", "A list: 1,"]), torch.zeros(2), None,
+                     Options(max_tokens=9, stop_at=["\n"]))
+        d.whole = whole
+        return d
+
+    streamed, whole = decoding(False), decoding(True)
+    pieces, events = list(streamed), list(whole)
+    assert len(pieces) > 2 and 1 <= len(events) <= 2
+    assert events[0] == pieces[0]
+    got, want = whole.result(), streamed.result()
+    assert got.texts == want.texts == ["".join(p[r] or "" for p in pieces) for r in range(2)]
+    assert got.rows.token_ids.tolist() == want.rows.token_ids.tolist()
+    assert whole.result().texts == got.texts  # read again once over: the same
+
+
+def test_a_stream_read_in_part_then_whole_ends_as_the_call_alone(model):
+    gen, prompt = continuous(generate.text(model)), "Once upon"
+    stream = gen.stream(prompt, max_tokens=8)
+    first = next(stream)
+    final = stream.run()
+    assert str(final) == str(gen(prompt, max_tokens=8))
+    assert str(final).startswith(prompt + first)

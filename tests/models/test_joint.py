@@ -178,3 +178,41 @@ def test_calls_forwarding_different_numbers_of_real_tokens_go_on_in_the_kept_sta
             assert cache.length == q.cache.length + q.width
         caches = [cache for _, cache in merged]
     assert len(stacked) == 1  # every round went on in the stacked cache (later rounds read what earlier wrote)
+
+
+def test_holes_a_prefill_leaves_beside_decodes_are_squeezed_out_by_stacking_again(model, monkeypatch):
+    """A fresh call's prefill merged with two calls' one-token steps leaves the decoders' rows a
+    run of holes as wide as the prompt; the next step stacks the caches again, no wider than the
+    longest call, and every row computes what it would alone."""
+    from continuous.layout import COMPACT_SHARE
+
+    layouts, real_layout = [], model.joint.layout
+    monkeypatch.setattr(model.joint, "layout", lambda rs: layouts.append(real_layout(rs)) or layouts[-1])
+    caches = [s._rows.cache for s in _states(model)[:2]]
+    prompt = torch.arange(40, 64)[None]  # 24 tokens, no cache
+    requests = [_step(c, 7, i) for i, c in enumerate(caches)] + [Request(prompt, None, None, 1, None, True, 2)]
+    merged = model._run_joint(requests)
+    caches = [cache for _, cache in merged]
+    assert layouts[-1].start + 24 - max(c.length for c in caches) > COMPACT_SHARE * (layouts[-1].start + 24)
+    for round_ in range(2):
+        requests = [_step(c, 9 + round_, i) for i, c in enumerate(caches)]
+        alone = [model._run_one(Request(q.input_ids, q.attention_mask, q.cache, 1, None, True)) for q in requests]
+        for q, (_, c) in zip(requests, alone):
+            c.release(q.cache.length)
+        merged = model._run_joint(requests)
+        for (a, _), (m, _) in zip(alone, merged):
+            assert torch.allclose(a, m, atol=1e-4)
+        caches = [cache for _, cache in merged]
+        assert layouts[-1].kept == bool(round_)  # stacked again once, then kept
+        assert layouts[-1].start == max(q.cache.length for q in requests)
+
+
+def test_a_layout_hands_each_request_its_rows_past_rows_of_no_call():
+    from continuous.models.joint import Layout
+
+    requests = [Request(torch.zeros((n, 1), dtype=torch.long), None, None) for n in (2, 1, 3)]
+    layout = Layout(requests, None, [], 0, [0, 3, 5], 10)  # rows 2 and 4 of calls that left, 8 and 9 of none
+    t = torch.arange(10)[:, None].expand(10, 4)
+    blocks = layout.blocks(t)
+    assert [b[:, 0].tolist() for b in blocks] == [[0, 1], [3], [5, 6, 7]]
+    assert layout.dead == [(2, 3), (4, 5), (8, 10)]
