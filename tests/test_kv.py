@@ -3,6 +3,8 @@
 import threading
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support.states import assert_equivalent, real_ids
 
 from continuous import continuous, generate
@@ -116,3 +118,39 @@ def test_threads_continuing_states_that_share_a_tip_write_their_own_slots(model)
         assert real_ids(results[s]) == real_ids(alone[s])
         # Each result's cache holds its own tokens: continuing it equals recomputing it.
         assert_equivalent(gen, results[s], n=3)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3), st.sets(st.integers(0, 7), max_size=6), st.integers(1, 5)), min_size=2,
+                max_size=5), st.booleans())
+def test_stacking_calls_rows_of_a_stacked_buffer_again_keeps_each_call_s_slots(parts, mixed):
+    """Calls' rows of a merged step's stacked buffer (each with its own slots: a run after a
+    few scattered ones), stacked again: every part's slots hold what its own copy holds."""
+    from continuous.kv import JointRows, Slots, stack
+
+    total = sum(n for n, _, _ in parts)
+    source, _ = fill(None, total, 16, 0)
+    with torch.inference_mode():
+        for layer in range(2):  # every slot of every row a different number
+            for t in (source._buffer.keys[layer], source._buffer.values[layer]):
+                t.copy_(torch.arange(t.numel(), dtype=t.dtype).reshape(t.shape) + (layer + 1) * 1000)
+    caches, at = [], 0
+    for n, scattered, run in parts:
+        base = torch.tensor(sorted(scattered), dtype=torch.long)
+        caches.append(JointRows(source._buffer, slice(at, at + n), Slots(base, range(8, 8 + run))))
+        at += n
+    rows = [n for n, _, _ in parts]
+    if mixed:  # a cache of its own among them (a call that joins), copied as it is
+        own, _ = fill(None, 2, 3, 7)
+        caches, rows = caches + [own], rows + [2]
+    out = stack(caches, rows, 4)
+    assert out.length == max(c.length for c in caches)
+    at = 0
+    for cache, n in zip(caches, rows):
+        for layer in range(2):
+            want = cache.layer(layer)
+            got = (out._buffer.keys[layer], out._buffer.values[layer])
+            for w, g in zip(want, got):
+                assert torch.equal(g[at : at + n, :, : cache.length], w)
+                assert torch.isfinite(g[at : at + n]).all()
+        at += n
