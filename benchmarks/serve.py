@@ -71,39 +71,31 @@ def generated(state) -> int:
     return sum(len(lp) for lp in state.logprobs) if state.logprobs is not None else 0
 
 
-def library_concurrency(model, texts: list[str], clients, max_tokens: int, reps: int) -> dict:
-    """Aggregate tokens/s of ``c`` concurrent ``acall`` clients, for each ``c``."""
+def library_concurrency(model, texts: list[str], clients, max_tokens: int, reps: int) -> tuple[dict, dict, dict]:
+    """Aggregate tokens/s of ``c`` concurrent ``acall`` clients, and of one call holding the same
+    ``c`` prompts as a batch (what concurrent calls reach at best: one decoding loop, one forward
+    per step), for each ``c``; and their ratio. The two alternate, rep by rep, so that a drift
+    of the machine's speed falls on both (the ratio is the median of each rep's)."""
     gen = continuous(generate.text(model))
 
     async def together(c):
         states = await asyncio.gather(*[gen.acall(p, max_tokens=max_tokens, logprobs=0) for p in texts[:c]])
         return sum(map(generated, states))
 
+    def rate(run) -> float:
+        t = time.perf_counter()
+        tokens = run()
+        return tokens / (time.perf_counter() - t)
+
     gen(texts[0], max_tokens=4)  # warm up
-    out = {}
+    rates, one_call, ratios = {}, {}, {}
     for c in clients:
-        runs = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            tokens = asyncio.run(together(c))
-            runs.append(tokens / (time.perf_counter() - t))
-        out[str(c)] = round(median(runs), 1)
-    return out
-
-
-def library_one_call(model, texts: list[str], clients, max_tokens: int, reps: int) -> dict:
-    """Tokens/s of one call holding the first ``c`` prompts as a batch, for each ``c``: what
-    concurrent calls reach at best (one decoding loop, one forward per step, no rendezvous)."""
-    gen = continuous(generate.text(model))
-    out = {}
-    for c in clients:
-        runs = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            tokens = generated(gen(texts[:c], max_tokens=max_tokens, logprobs=0))
-            runs.append(tokens / (time.perf_counter() - t))
-        out[str(c)] = round(median(runs), 1)
-    return out
+        runs = [(rate(lambda: asyncio.run(together(c))),
+                 rate(lambda: generated(gen(texts[:c], max_tokens=max_tokens, logprobs=0)))) for _ in range(reps)]
+        rates[str(c)] = round(median(r for r, _ in runs), 1)
+        one_call[str(c)] = round(median(o for _, o in runs), 1)
+        ratios[str(c)] = round(median(r / o for r, o in runs), 2)
+    return rates, one_call, ratios
 
 
 def hf_batch(hf, tok, texts: list[str], max_tokens: int, reps: int) -> float:
@@ -296,12 +288,10 @@ def library(path: Path, prompts, questions, clients, tokens: int, reps: int) -> 
     tok = AutoTokenizer.from_pretrained(path)
     tok.chat_template = tok.chat_template or TEMPLATE
     model = models.transformers(hf, tok)
-    rates = library_concurrency(model, prompts, clients, tokens, reps)
-    one_call = library_one_call(model, prompts, clients, tokens, reps)
+    rates, one_call, vs_one_call = library_concurrency(model, prompts, clients, tokens, reps)
     batch = hf_batch(hf, tok, prompts[: max(clients)], tokens, reps)
     return {"tokens_per_s": rates, "vs_one": {c: round(v / rates[str(clients[0])], 2) for c, v in rates.items()},
-            "one_call_tokens_per_s": one_call,
-            "vs_one_call": {c: round(v / one_call[c], 2) for c, v in rates.items()},
+            "one_call_tokens_per_s": one_call, "vs_one_call": vs_one_call,
             "generate_batch_tokens_per_s": batch, "vs_generate_batch": round(rates[str(max(clients))] / batch, 2),
             "latency": library_latency(model, prompts[: max(clients)], tokens),
             "chat": library_chat(hf, tok, questions, tokens // 2, reps)}
