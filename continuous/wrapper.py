@@ -168,7 +168,11 @@ def _call_arguments(method=None, **extra):
     signature = signature.replace(parameters=list(signature.parameters.values()) + [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default) for name, default in extra.items()])
 
+    names = frozenset(signature.parameters) - {"self", "prompt"}
+
     def arguments(self, prompt, args, kwargs) -> dict:
+        if not args and names.issuperset(kwargs):  # all by known names (most calls): nothing to bind
+            return dict(kwargs)
         given = signature.bind(self, prompt, *args, **kwargs).arguments
         del given["self"], given["prompt"]
         return given

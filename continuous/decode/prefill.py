@@ -47,6 +47,11 @@ def top_up_steps(model, rows: Rows):
     out first when they waste much room (see :meth:`Rows.compact`).
     """
     check_context(model, rows)
+    n_rows, width = rows.token_ids.shape
+    if rows.cache is None and width and bool(rows.attention_mask.all()):
+        # A fresh prompt with no padding (most calls' first forward): each row's last slot is its last token.
+        logits, cache = yield Request(rows.token_ids, None, None, logits_to_keep=1, n_real=n_rows * width, holes=False)
+        return replace(rows, cache=cache, logits=logits[:, -1], logits_ok=(True,) * n_rows)
     rows = rows.compact()
     mask = rows.attention_mask
     start = rows.cache_length
