@@ -18,7 +18,7 @@ __all__ = ["Batch"]
 _SETTLE_EVERY = 64
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Batch:
     """The rows of a call, one entry per row in every field (beams reorder them all at once).
 

@@ -26,7 +26,7 @@ from .rows import RowView
 __all__ = ["Draw", "Drawn"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class Draw(Work):
     """A call's ask for its rows' next tokens.
 
@@ -116,14 +116,15 @@ class Draw(Work):
         for d, n, q, (ids_d, weights_d, gained_d, logits_d, cost_d) in zip(draws, counts, queued, parts):
             rows = slice(at, at + n)
             cost = None if d.constraints.constraint is None else cost_d
-            out.append(Drawn(ids_d, ancestors if joint else None, weights_d, gained_d, logits_d, cost,
-                             host[0][rows], host[2] if joint else list(range(n)), host[1][rows], q,
-                             host_gained[rows] if d.logprobs else None))
+            out.append(Drawn(ids=ids_d, ancestors=ancestors if joint else None, weights=weights_d, gained=gained_d,
+                             logits=logits_d, cost=cost, ids_h=host[0][rows],
+                             ancestors_h=host[2] if joint else list(range(n)), dead=host[1][rows], queued=q,
+                             gained_h=host_gained[rows] if d.logprobs else None))
             at += n
         return out
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Drawn:
     """A draw's outcome: per row, its token, the row it extends, its new weight (on the device and,
     for the tokens, rows and dead rows, on the host), and the scores it was drawn from."""

@@ -112,10 +112,12 @@ class Decoding:
         constraints = RowConstraints.of_call(constraint, model, rows, removed, device)
         state = [RowState.of(self.tokenizer, rows.real_ids(r), rows.texts[r], rows.ends[r],
                              self._watches(constraints, rows.texts[r] + removed[r]), removed[r]) for r in range(n)]
-        self.batch = Batch(rows.logits, rows.logits, weights.to(device=device, dtype=torch.float32),
-                           torch.zeros(n, 16, device=device), torch.zeros(n, device=device), rows.cache,
-                           Grid(rows, device), constraints, RowDraws(n, options.rng) if self.sampler.random else None,
-                           state, [True] * n)
+        self.batch = Batch(logits=rows.logits, start=rows.logits,
+                           weights=weights.to(device=device, dtype=torch.float32),
+                           gained=torch.zeros(n, 16, device=device), cost=torch.zeros(n, device=device),
+                           cache=rows.cache, grid=Grid(rows, device), constraints=constraints,
+                           draws=RowDraws(n, options.rng) if self.sampler.random else None, rows=state,
+                           logits_ok=[True] * n)
         self.pad = rows.pad
         # Each row's room is its own: the cache grows past the longest row's context.
         rooms = (model.max_length - rows.attention_mask.sum(1)).tolist()
@@ -156,10 +158,11 @@ class Decoding:
             # The queued step's forward is made on the device's ids before the host reads them.
             overlap = (self.overlap and self.grid.all_real and step + 1 < max(self.steps) and running
                        and _alone(self.model))
-            drawn = yield Draw(logits, batch.weights, batch.constraints, rows, self.sampler, self._rng(),
-                               self.sentinel, self.after, self.speculation.imposed() if self.speculation else {},
-                               step, (lambda ids: Queued(self.model, ids, batch.cache)) if overlap else None,
-                               self.options.logprobs is not None)
+            drawn = yield Draw(logits=logits, weights=batch.weights, constraints=batch.constraints, rows=rows,
+                               sampler=self.sampler, rng=self._rng(), sentinel=self.sentinel, after=self.after,
+                               imposed=self.speculation.imposed() if self.speculation else {}, step=step,
+                               queue=(lambda ids: Queued(self.model, ids, batch.cache)) if overlap else None,
+                               logprobs=self.options.logprobs is not None)
             ids, ancestors, weights, queued = drawn.ids, drawn.ancestors, drawn.weights, drawn.queued
             ids_h, ancestors_h, dead = drawn.ids_h, drawn.ancestors_h, drawn.dead
             if ancestors_h != identity:
