@@ -130,3 +130,13 @@ def test_no_logprobs_unless_asked_and_rows_select_theirs(gen):
     assert batch[1, :].logprobs == [batch.logprobs[1]]
     with pytest.raises(ValueError, match="logprobs"):
         gen("a", logprobs=-1)
+
+
+def test_arguments_by_position_or_by_name_are_the_same_call(model):
+    gen = continuous(generate.text(model))
+    by_name = gen("Once upon", max_tokens=4, stop_at="\n")
+    assert str(gen("Once upon", 4, "\n")) == str(by_name)
+    with pytest.raises(TypeError, match="max_tokenz"):
+        gen("Once upon", max_tokenz=4)
+    with pytest.raises(TypeError):
+        gen("Once upon", 4, max_tokens=4)  # given twice
