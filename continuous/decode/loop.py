@@ -183,14 +183,7 @@ class Decoding:
             sent, plain, new_ids = self._append(chunks, drafts, ids_h)
             self.unforwarded = chunks  # until the forward below: a snapshot's rows recompute them
             if not self.whole or step == 1:  # a consumer of the whole answer hears of the first piece only
-                try:
-                    yield [row.release() for row in batch.rows]  # the consumer holds the piece: the call is parked
-                    if self.resumed is not None:
-                        self.resumed()
-                except GeneratorExit:
-                    if queued is not None:
-                        queued.give_back(count=False)
-                    raise
+                yield from self._hand(queued)
             if rewound:
                 self.model.stats.record_rewound(rewound)
             finished = all(row.finished for row in batch.rows)
@@ -215,6 +208,18 @@ class Decoding:
         last = [row.release() for row in batch.rows]
         if any(last):
             yield last
+
+    def _hand(self, queued):
+        """Hand the step's pieces to the consumer, who holds them: the call is parked until it asks
+        again. A call closed there gives back its queued step."""
+        try:
+            yield [row.release() for row in self.batch.rows]
+            if self.resumed is not None:
+                self.resumed()
+        except GeneratorExit:
+            if queued is not None:
+                queued.give_back(count=False)
+            raise
 
     def _append(self, chunks: list[list[int]], drafts: list[list[int]], ids: list[int]
                 ) -> tuple[list[list[int]], bool, list[list[int]]]:
