@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["Text", "Rows", "encode", "encode_after", "retokenize", "interior_holes"]
+__all__ = ["Text", "Rows", "encode", "encode_after", "retokenize", "interior_holes", "dense"]
 
 
 class Text(str):
@@ -243,6 +243,12 @@ def interior_holes(mask: torch.Tensor) -> bool:
 COMPACT_SHARE = 0.125
 
 
+def dense(length: int, widest: int) -> bool:
+    """Whether a cache of ``length`` slots whose widest row holds ``widest`` real ones keeps its
+    holes (they take at most :data:`COMPACT_SHARE` of the slots)."""
+    return length - widest <= COMPACT_SHARE * length
+
+
 @dataclass(frozen=True, eq=False)
 class Rows:
     """The rows of a state: padded token grid, attention mask, cache, text and offsets.
@@ -331,7 +337,7 @@ class Rows:
         if length == 0 or not self._compactable:
             return self
         widest = int(self.attention_mask[:, :length].sum(1).max())
-        if length - widest <= COMPACT_SHARE * length:
+        if dense(length, widest):
             return self
         return self._gathered(None)
 

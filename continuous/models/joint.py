@@ -7,7 +7,8 @@ was handed and where their slots sit. When the next step merges the same calls, 
 continuing the very rows it was handed, the new slots are appended to the stacked cache
 and nothing is copied: each call holds its rows of it (:class:`~continuous.kv.JointRows`),
 copied out only when read. Any other step (a call joined or left, a cache was replaced,
-a request of no call, holes outgrew the slots: see :func:`dense`) stacks the caches again.
+a request of no call, holes past the share a state squeezes out of its own cache: see
+:func:`~continuous.layout.dense`) stacks the caches again.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from operator import itemgetter
 import torch
 
 from ..kv import JointRows, KVCache, Slots, stack
-from ..layout import COMPACT_SHARE
+from ..layout import dense
 from .scheduler import Request
 
 __all__ = ["Joint", "Layout", "bucket"]
@@ -73,18 +74,6 @@ class Layout:
         return runs + ([(row, self.rows)] if row < self.rows else [])
 
 
-def dense(length: int, longest: int) -> bool:
-    """Whether a stacked cache of ``length`` slots is dense enough to keep when its longest call
-    holds ``longest`` of them.
-
-    A step whose calls forward different numbers of tokens (a prefill beside decodes, a
-    constraint's forced run) leaves holes in the rows of the others, and every later step
-    attends over them: past the share of holes a state squeezes out of its own cache, the
-    caches are stacked again (one copy).
-    """
-    return length - longest <= COMPACT_SHARE * length
-
-
 class Joint:
     """The stacked cache of the last merged step, and each call's place in it.
 
@@ -123,7 +112,8 @@ class Joint:
 
     def _kept(self, requests: list[Request]) -> Layout | None:
         """The last step's layout when ``requests`` continue it: the same calls, each with the
-        very rows it was handed, most rows live, and the stacked cache :func:`dense`."""
+        very rows it was handed, most rows live, and the stacked cache :func:`~continuous.layout.dense` for its
+        longest call (a prefill beside decode steps leaves the others' rows holes every later step attends over)."""
         if self.cache is None or len(requests) != len(self.members):
             return None
         placed, live, longest = [], 0, 0
@@ -146,7 +136,7 @@ class Joint:
         ``mask`` its attention mask (``None``: every slot real).
 
         Kept only when every request belongs to a call, all different (the next step
-        stacks the caches again, without holes, once they are not :func:`dense`).
+        stacks the caches again, without holes, once they are not :func:`~continuous.layout.dense`).
         """
         calls = [r.call for r in layout.requests]
         if None in calls or len(set(calls)) < len(calls):

@@ -197,8 +197,7 @@ class Transformers:
             # The same calls go on, every slot of theirs real: the last step's mask grows by the
             # new columns, each request's right-aligned (holes before a narrower one's).
             same = all(r.width == width for r in requests)
-            pieces = [(at, to_device(r.input_ids, device) if same else _pad_left(to_device(r.input_ids, device), width))
-                      for r, at in zip(requests, layout.at)]
+            pieces = [(at, _pad_left(to_device(r.input_ids, device), width)) for r, at in zip(requests, layout.at)]
             if dead:
                 pieces += [(a, torch.zeros((b - a, width), dtype=torch.long, device=device)) for a, b in dead]
                 pieces.sort(key=lambda p: p[0])
