@@ -72,10 +72,12 @@ class Batch:
             if not f.name.startswith("_"):
                 setattr(self, f.name, _select(getattr(self, f.name), rows, index))
 
-    def record(self, step: int, gained: torch.Tensor, cost: torch.Tensor | None = None) -> None:
-        """Keep what step ``step`` added to each row's weight (``[rows]``), and the nats the
-        constraint removed (``None``: none)."""
-        self._recorded.append((step, gained, cost))
+    def record(self, step: int, gained: torch.Tensor, cost: torch.Tensor | None = None,
+               rows: slice = slice(None)) -> None:
+        """Keep what step ``step`` added to each row's weight, and the nats the constraint removed
+        (``None``: none): ``gained[rows]`` and ``cost[rows]`` are the rows' (a step shared by
+        several calls records its tensors of every row, taken apart only when written)."""
+        self._recorded.append((step, gained, cost, rows))
         if len(self._recorded) >= _SETTLE_EVERY:
             self.settle()
 
@@ -84,13 +86,13 @@ class Batch:
         recorded, self._recorded = self._recorded, []
         if not recorded:
             return
-        last = max(step for step, _, _ in recorded)
+        last = max(step for step, *_ in recorded)
         while last >= self.gained.shape[1]:  # doubling: rewinds make more steps than tokens
             self.gained = torch.cat([self.gained, torch.zeros_like(self.gained)], 1)
-        columns = torch.stack([gained for _, gained, _ in recorded], 1)
-        latest = {step: j for j, (step, _, _) in enumerate(recorded)}  # a step recorded again: the later stands
+        columns = torch.stack([gained[rows] for _, gained, _, rows in recorded], 1)
+        latest = {step: j for j, (step, *_) in enumerate(recorded)}  # a step recorded again: the later stands
         self.gained[:, list(latest)] = columns[:, list(latest.values())]
-        costs = [cost for _, _, cost in recorded if cost is not None]
+        costs = [cost[rows] for _, _, cost, rows in recorded if cost is not None]
         if costs:
             self.cost = self.cost + torch.stack(costs).sum(0)
 

@@ -12,7 +12,8 @@ one draw, so a row's tokens never depend on who shares its step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -23,7 +24,10 @@ from .constraints import RowConstraints
 from .processors import Processor, Scores, shared
 from .rows import RowView
 
-__all__ = ["Draw", "Drawn"]
+__all__ = ["Draw", "Drawn", "NOTHING_IMPOSED"]
+
+#: No token imposed on any row (most draws: one object, never written).
+NOTHING_IMPOSED: Mapping[int, tuple[int, float]] = MappingProxyType({})
 
 
 @dataclass(eq=False, kw_only=True)
@@ -55,11 +59,14 @@ class Draw(Work):
     step
         The step's index in the call.
     queue
-        ``queue(ids)``, called with the rows' sampled ids on the device before the host reads
+        ``queue(ids)``, called with the rows' sampled ids (``[rows, 1]``) on the device before the host reads
         them (the next step queued behind the read); what it returns is :attr:`Drawn.queued`.
     logprobs
         Whether the call records log-probabilities: what each row's weight gained is read to
         the host with the ids (:attr:`Drawn.gained_h`).
+    family
+        What the draws that run together share (:meth:`family_of`, the same at every step of a
+        call: made once); ``None``: this draw runs alone.
     """
 
     logits: torch.Tensor
@@ -70,23 +77,29 @@ class Draw(Work):
     rng: Any
     sentinel: int
     after: list[Processor] = field(default_factory=list)
-    imposed: dict[int, tuple[int, float]] = field(default_factory=dict)
+    imposed: Mapping[int, tuple[int, float]] = field(default_factory=lambda: NOTHING_IMPOSED)
     step: int = 0
     queue: Callable[[torch.Tensor], Any] | None = None
     logprobs: bool = False
+    family: Any = None
+
+    @staticmethod
+    def family_of(sampler: Sampler, after: list[Processor], logits: torch.Tensor):
+        """The family of a call's draws: those of one family run together (the same device,
+        vocabulary and kind of sampler); beams, which rank a call's rows together, and
+        processors of the call's rows alone have none: they run alone."""
+        if sampler.joint or after:
+            return None
+        return (logits.device, logits.shape[-1], type(sampler))
 
     @property
     def key(self):
-        """Draws of one key run together: same device and sampler family; beams (which rank
-        a call's rows together) and processors of the call's rows alone run alone."""
-        if self.sampler.joint or self.after:
-            return id(self)
-        return (self.logits.device, self.logits.shape[-1], type(self.sampler))
+        return id(self) if self.family is None else self.family
 
     @staticmethod
     def run_all(draws: list["Draw"]) -> list["Drawn"]:
         """Choose the next tokens of every draw's rows at once (draws of one :attr:`key`)."""
-        counts = [d.logits.shape[0] for d in draws]
+        counts = [len(d.rows) for d in draws]
         logits = _cat([d.logits for d in draws])
         before = _cat([d.weights for d in draws])
         scores = Scores(logits, before, draws[0].step, [v for d in draws for v in d.rows])
@@ -105,41 +118,59 @@ class Draw(Work):
         # ... and what each row's weight gained, for the calls that record log-probabilities.
         read = to_host(torch.stack([ids, no_token.long()] + ([ancestors] if joint else [])),
                        *([gained] if any(d.logprobs for d in draws) else []))
-        # Each draw's rows of every tensor, as views made together.
-        parts = list(zip(*(_split(t, counts) for t in (ids, weights, gained, scores.logits)),
-                         _split(scores.cost, counts) if scores.cost is not None else [None] * len(draws)))
+        # Each draw's rows of the ids (as the next forward takes them) and weights, as views made
+        # together (the other tensors are taken apart only where read: most steps never read them).
+        parts = list(zip(_split(ids[:, None], counts), _split(weights, counts)))
         # Queued behind the copy, the next steps run on the device while the host waits for it.
         queued = [d.queue(part[0]) if d.queue is not None else None for d, part in zip(draws, parts)]
         host, *gained_h = read()
         host_gained = gained_h[0] if gained_h else None
         out, at = [], 0
-        for d, n, q, (ids_d, weights_d, gained_d, logits_d, cost_d) in zip(draws, counts, queued, parts):
+        for d, n, q, (ids_d, weights_d) in zip(draws, counts, queued, parts):
             rows = slice(at, at + n)
-            cost = None if d.constraints.constraint is None else cost_d
-            out.append(Drawn(ids=ids_d, ancestors=ancestors if joint else None, weights=weights_d, gained=gained_d,
-                             logits=logits_d, cost=cost, ids_h=host[0][rows],
-                             ancestors_h=host[2] if joint else list(range(n)), dead=host[1][rows], queued=q,
+            cost = None if d.constraints.constraint is None else scores.cost
+            out.append(Drawn(ids=ids_d, ancestors=ancestors if joint else None, weights=weights_d, rows=rows,
+                             step_gained=gained, step_logits=scores.logits, step_cost=cost, ids_h=host[0][rows],
+                             ancestors_h=host[2] if joint else None, dead=host[1][rows], queued=q,
                              gained_h=host_gained[rows] if d.logprobs else None))
             at += n
         return out
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class Drawn:
     """A draw's outcome: per row, its token, the row it extends, its new weight (on the device and,
-    for the tokens, rows and dead rows, on the host), and the scores it was drawn from."""
+    for the tokens, rows and dead rows, on the host), and the scores it was drawn from.
 
-    ids: torch.Tensor
+    ``step_gained``, ``step_logits`` and ``step_cost`` are the step's tensors of every row
+    drawn with this draw's; its rows of them are ``rows`` (:attr:`gained`, :attr:`logits`,
+    :attr:`cost`).
+    """
+
+    ids: torch.Tensor  # [rows, 1]: as the next forward takes them
     ancestors: torch.Tensor | None  # None: each row extends itself (only beams reorder rows)
     weights: torch.Tensor
-    gained: torch.Tensor  # what the step added to each row's weight (beams: to the row it extends)
-    logits: torch.Tensor  # after every processor: what log-probabilities are read from
-    cost: torch.Tensor | None  # nats the constraint's mask removed (None: free text)
+    rows: slice
+    step_gained: torch.Tensor  # what the step added to each row's weight (beams: to the row it extends)
+    step_logits: torch.Tensor  # after every processor: what log-probabilities are read from
+    step_cost: torch.Tensor | None  # nats the constraint's mask removed (None: free text)
     ids_h: list[int]
-    ancestors_h: list[int]
+    ancestors_h: list[int] | None  # None: each row extends itself
     dead: list[int]  # 1 where the row had no allowed token
     queued: Any = None  # what the draw's ``queue`` returned
     gained_h: list[float] | None = None  # ``gained`` on the host, for a draw that asked for it
+
+    @property
+    def gained(self) -> torch.Tensor:
+        return self.step_gained[self.rows]
+
+    @property
+    def logits(self) -> torch.Tensor:
+        return self.step_logits[self.rows]
+
+    @property
+    def cost(self) -> torch.Tensor | None:
+        return None if self.step_cost is None else self.step_cost[self.rows]
 
 
 def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -30,7 +30,7 @@ from .constraints import Refresh, RowConstraints
 from .finish import Finish
 from .grid import Grid
 from .options import Options
-from .draw import Draw
+from .draw import NOTHING_IMPOSED, Draw
 from .overlap import Queued
 from .prefill import check_context, top_up_steps
 from ..models.scheduler import Request, Work
@@ -132,6 +132,7 @@ class Decoding:
         self.token_texts: dict[int, str] = {}
         self.own = own(options, self.pad)
         self.after = [ForkRanking(options.fork)] if self.sampler.joint and options.fork > 1 else []
+        self.family = Draw.family_of(self.sampler, self.after, rows.logits)
         eos = self.tokenizer.eos_token_id
         self.sentinel = eos if eos is not None else min(self.eos, default=0)  # what finished rows "emit"
         # The queued step's input is the sampled token whatever the constraint: its mask for
@@ -160,14 +161,15 @@ class Decoding:
                        and _alone(self.model))
             drawn = yield Draw(logits=logits, weights=batch.weights, constraints=batch.constraints, rows=rows,
                                sampler=self.sampler, rng=self._rng(), sentinel=self.sentinel, after=self.after,
-                               imposed=self.speculation.imposed() if self.speculation else {}, step=step,
-                               queue=(lambda ids: Queued(self.model, ids, batch.cache)) if overlap else None,
-                               logprobs=self.options.logprobs is not None)
+                               imposed=self.speculation.imposed() if self.speculation else NOTHING_IMPOSED,
+                               step=step, queue=(lambda ids: Queued(self.model, ids, batch.cache)) if overlap else None,
+                               logprobs=self.options.logprobs is not None, family=self.family)
             ids, ancestors, weights, queued = drawn.ids, drawn.ancestors, drawn.weights, drawn.queued
             ids_h, ancestors_h, dead = drawn.ids_h, drawn.ancestors_h, drawn.dead
-            if ancestors_h != identity:
+            reordered = ancestors_h is not None and ancestors_h != identity
+            if reordered:
                 batch.select(ancestors_h, ancestors)
-            batch.record(step, drawn.gained, drawn.cost)
+            batch.record(step, drawn.step_gained, drawn.step_cost, drawn.rows)
             batch.weights = weights
             consumed = self.advance.consume(ids_h, dead)
             if consumed:  # their masks are written with those of every call stepping now
@@ -188,7 +190,7 @@ class Decoding:
                 self.model.stats.record_rewound(rewound)
             finished = all(row.finished for row in batch.rows)
             if queued is not None:
-                if plain and self.grid.all_real and ancestors_h == identity and not finished:
+                if plain and self.grid.all_real and not reordered and not finished:
                     batch.logits, batch.cache = queued.take()
                     self.unforwarded = None
                     continue
@@ -197,7 +199,7 @@ class Decoding:
                 break
             if any(chunks):  # else every row went back to the start of the call: its logits are kept
                 keep = 1 + max(map(len, drafts))  # the drafts are checked on their logits
-                logits = yield from self._forward(ids[:, None] if plain else new_ids, sum(map(len, sent)), plain,
+                logits = yield from self._forward(ids if plain else new_ids, sum(map(len, sent)), plain,
                                                   keep)
                 if self.speculation is not None:
                     step += self.speculation.verify(self, logits, step)

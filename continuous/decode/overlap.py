@@ -20,7 +20,7 @@ class Queued:
     model
         The backend.
     ids
-        ``[rows]`` the sampled ids, on the device.
+        ``[rows, 1]`` the sampled ids, on the device (the step's input).
     cache
         The cache the step continues.
     """
@@ -28,7 +28,7 @@ class Queued:
     def __init__(self, model, ids: torch.Tensor, cache):
         self.model, self.start = model, cache.length
         self.rows = ids.shape[0]
-        self.logits, self.cache = model.forward(ids[:, None], None, cache, logits_to_keep=1, n_real=self.rows,
+        self.logits, self.cache = model.forward(ids, None, cache, logits_to_keep=1, n_real=self.rows,
                                                 holes=False)
 
     def take(self) -> tuple[torch.Tensor, object]:

@@ -13,7 +13,8 @@ import bisect
 import copy
 import warnings
 from dataclasses import dataclass, field, fields
-from typing import NamedTuple, Sequence
+from types import MappingProxyType
+from typing import Mapping, NamedTuple, Sequence
 
 from ..detok import Detokenizer, dangling
 from ..engines import Match, Watch
@@ -73,12 +74,16 @@ class Rewind:
     slots: list[int]
 
 
+#: A row's bans where it has none (one object, never written: views are made at every step).
+_NO_BANS: Mapping[int, float] = MappingProxyType({})
+
+
 class RowView(NamedTuple):
     """What processors read of a row at one step (read-only)."""
 
     finished: bool
     forced: int | None  # the token its constraint forces now, if one
-    banned: dict[int, float]  # token -> factor at its current position
+    banned: Mapping[int, float]  # token -> factor at its current position
     context: tuple[int, ...]  # its tokens before the call
     tokens: list[int]  # its tokens generated so far
 
@@ -210,7 +215,7 @@ class RowState:
         return self.history.tokens
 
     def view(self) -> RowView:
-        banned = {} if self.finished else self.history.bans.get(len(self.tokens), {})
+        banned = _NO_BANS if self.finished else self.history.bans.get(len(self.tokens), _NO_BANS)
         return RowView(self.finished, self.forced_next, banned, self.written.context, self.tokens)
 
     def add(self, token_id: int, step: int | None, stops: StopStrings) -> list[Match]:

@@ -127,13 +127,14 @@ class Engine:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self.cond:
-            if not self._answer_ready(call, what):
-                self._ask(call, what)
-                call.wakers.append((loop, future))
-                self._start_thread()
-                self.cond.notify_all()
-            elif not future.done():
+            if self._answer_ready(call, what):
                 future.set_result(None)
+            else:
+                call.wakers.append((loop, future))
+                # Asked once the tasks ready now have run, and the engine woken after that: the calls
+                # that a burst (``asyncio.gather``) submits together start together, in one prefill,
+                # not the first alone while the others are still being tokenized.
+                loop.call_soon(self._ask_soon, loop, call, what)
         await future
         with self.cond:
             return self._answer(call, what)
@@ -141,10 +142,10 @@ class Engine:
     def cancel(self, call: Call) -> None:
         """Stop ``call`` at the next step (or between two chunks of its prefill); nobody waits for it."""
         with self.cond:
-            if not call.done:
-                call.cancelled = True
-                self._start_thread()  # it ends at the next step, whoever consumes it
-                self.cond.notify_all()
+            if call.done:
+                return
+            call.cancelled = True
+        self._wake_thread()  # it ends at the next step, whoever consumes it
 
     def close(self, call: Call) -> None:
         """Cancel ``call`` and wait until it ended (driving, if no other thread does)."""
@@ -163,11 +164,23 @@ class Engine:
         with self.cond:
             self._ask(call, what)
 
-    def _ask(self, call: Call, what: str) -> None:
+    def _ask(self, call: Call, what: str, wake: bool = True) -> None:
         if (what == PIECE and call.events) or _ORDER.get(call.demand, 0) >= _ORDER[what]:
             return
         call.demand = what
-        self.cond.notify_all()
+        if wake:
+            self.cond.notify_all()
+
+    def _ask_soon(self, loop: asyncio.AbstractEventLoop, call: Call, what: str) -> None:
+        with self.cond:
+            self._ask(call, what, wake=False)
+        loop.call_soon(self._wake_thread)
+
+    def _wake_thread(self) -> None:
+        """Start or wake the engine thread: async consumers wait for a step."""
+        with self.cond:
+            self._start_thread()
+            self.cond.notify_all()
 
     def _answer_ready(self, call: Call, what: str) -> bool:
         return call.done or (what == PIECE and bool(call.events)) or (what == READY and call.ready)
@@ -368,7 +381,11 @@ class Engine:
             groups: dict = {}
             for call in calls:
                 if call.work is not None and not call.done and not call.cancelled:
-                    groups.setdefault(call.work.key, []).append(call)
+                    key = call.work.key
+                    if key in groups:
+                        groups[key].append(call)
+                    else:
+                        groups[key] = [call]
             if not groups:
                 return ran
             ran = True

@@ -36,8 +36,16 @@ def test_recorded_steps_are_written_once_read_as_each_write_would_have(model):
     width = batch.gained.shape[1]
     columns = torch.rand(2, width + 70)  # past the first capacity, and past the steps kept aside
     costs = torch.rand(width + 70, 2)
+
+    def shared(t):  # a step drawn with other calls' rows: before and after this call's two
+        return torch.cat([torch.rand(1), t, torch.rand(3)])
+
     for step in range(width + 70):
-        batch.record(step, columns[:, step], costs[step] if step % 3 else None)
+        cost = costs[step] if step % 3 else None
+        if step % 2:  # recorded as the step's tensors of every row, and this call's rows of them
+            batch.record(step, shared(columns[:, step]), None if cost is None else shared(cost), slice(1, 3))
+        else:
+            batch.record(step, columns[:, step], cost)
     batch.record(5, torch.tensor([9.0, 8.0]))  # a step recorded again: the later one stands
     batch.settle()
     columns[:, 5] = torch.tensor([9.0, 8.0])

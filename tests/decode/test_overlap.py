@@ -15,7 +15,7 @@ def test_a_queued_step_taken_is_the_plain_forward(model):
     rows = _prefilled(model)
     ids = rows.logits.argmax(-1)
     plain_logits, plain_cache = model.forward(ids[:, None], None, rows.cache)
-    queued = Queued(model, ids, rows.cache)
+    queued = Queued(model, ids[:, None], rows.cache)
     logits, cache = queued.take()
     assert torch.allclose(logits, plain_logits[:, -1], atol=1e-5)
     assert cache.length == plain_cache.length == rows.cache.length + 1
@@ -25,10 +25,10 @@ def test_a_queued_step_given_back_frees_its_slots_and_counts_as_rewound(model):
     rows = _prefilled(model)
     ids = rows.logits.argmax(-1)
     rewound = model.stats.tokens_rewound
-    Queued(model, ids, rows.cache).give_back()
+    Queued(model, ids[:, None], rows.cache).give_back()
     assert model.stats.tokens_rewound == rewound + 2
     # The prompt's view is the buffer's tip again: the next forward appends in place.
     _, cache = model.forward(ids[:, None], None, rows.cache)
     assert cache._buffer is rows.cache._buffer
-    Queued(model, ids, cache).give_back(count=False)
+    Queued(model, ids[:, None], cache).give_back(count=False)
     assert model.stats.tokens_rewound == rewound + 2

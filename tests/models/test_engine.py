@@ -1,6 +1,7 @@
 """The engine's step, driven by hand with a fake backend: joins, leaves, parking, cancellation,
 admission and failures, with no clock and no thread."""
 
+import asyncio
 import threading
 
 import pytest
@@ -89,6 +90,32 @@ def test_a_call_joins_at_the_next_step_and_leaves_when_it_ends(backend):
     assert backend.forwards[-1] == [(a.id, 1)]
     engine.step()
     assert a.done and left == [b.id, a.id] and not engine.table.calls and engine.table.rows == 0
+
+
+def test_the_calls_of_an_asyncio_burst_start_together_in_one_prefill(backend):
+    """Calls that ``asyncio.gather`` submits together are asked for only once every task ready then
+    has run: an engine that steps the moment it is woken (as a running engine thread does) still
+    forwards their prompts as one, not the first alone while the others are being submitted."""
+    engine, _ = _engine(backend)
+    engine._start_thread = engine.step  # woken, it steps at once
+    log = []
+
+    async def consumer(name):
+        call = engine.submit(_call(name, 3, 2, log), rows=1)
+        await engine.anext(call, ALL)
+        return call
+
+    async def burst():
+        tasks = [asyncio.ensure_future(consumer(name)) for name in "abc"]
+        while not all(task.done() for task in tasks):
+            await asyncio.sleep(0)
+            engine.step()
+        return [task.result() for task in tasks]
+
+    calls = asyncio.run(burst())
+    assert sorted(backend.forwards[0]) == [(call.id, 3) for call in calls]  # one prefill of the three
+    assert all(sorted(f) == [(call.id, 1) for call in calls] for f in backend.forwards[1:])
+    assert len(backend.forwards) == 3 and sorted(log) == ["a", "b", "c"]
 
 
 def test_a_call_whose_consumer_holds_a_piece_is_parked_and_holds_nobody_back(backend):
