@@ -86,21 +86,40 @@ class Batch:
         recorded, self._recorded = self._recorded, []
         if not recorded:
             return
-        last = max(step for step, *_ in recorded)
+        steps = [step for step, *_ in recorded]
+        first, last = steps[0], max(steps)
         while last >= self.gained.shape[1]:  # doubling: rewinds make more steps than tokens
             self.gained = torch.cat([self.gained, torch.zeros_like(self.gained)], 1)
-        columns = torch.stack([gained[rows] for _, gained, _, rows in recorded], 1)
-        latest = {step: j for j, (step, *_) in enumerate(recorded)}  # a step recorded again: the later stands
-        self.gained[:, list(latest)] = columns[:, list(latest.values())]
-        costs = [cost[rows] for _, _, cost, rows in recorded if cost is not None]
+        columns = _side_by_side([(gained, rows) for _, gained, _, rows in recorded])
+        if steps == list(range(first, first + len(steps))):  # each step once, in order: one block
+            self.gained[:, first : last + 1] = columns
+        else:
+            latest = {step: j for j, step in enumerate(steps)}  # a step recorded again: the later stands
+            self.gained[:, list(latest)] = columns[:, list(latest.values())]
+        costs = [(cost, rows) for _, _, cost, rows in recorded if cost is not None]
         if costs:
-            self.cost = self.cost + torch.stack(costs).sum(0)
+            self.cost = self.cost + _side_by_side(costs).sum(1)
 
     def give_back(self, row: int, steps: list[int]) -> None:
         """Take back from a row's weight what steps ``steps`` gave it."""
         if steps:
             self.settle()
             self.weights[row] -= self.gained[row, steps].sum()
+
+
+def _side_by_side(parts: list[tuple[torch.Tensor, slice]]) -> torch.Tensor:
+    """``[rows, len(parts)]``: each part's ``tensor[rows]``, side by side. A run of parts with the
+    same rows of tensors of one length (a call's steps while the same calls draw together) is
+    stacked whole and cut once."""
+    blocks, i = [], 0
+    while i < len(parts):
+        first, rows = parts[i]
+        j = i + 1
+        while j < len(parts) and parts[j][1] == rows and parts[j][0].shape == first.shape:
+            j += 1
+        blocks.append(torch.stack([t for t, _ in parts[i:j]], 1)[rows])
+        i = j
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks, 1)
 
 
 def _select(value, rows: list[int], index: torch.Tensor):

@@ -109,12 +109,14 @@ class Decoding:
     def _build(self, model, rows: Rows, weights: torch.Tensor, removed: list[str], constraint,
                options: Options) -> None:
         n, device = rows.n_rows, rows.logits.device
+        # A column per step, room for max_tokens of them up front (rewinds may need more: it doubles).
+        steps = max(16, min(options.max_tokens or 0, 1024))
         constraints = RowConstraints.of_call(constraint, model, rows, removed, device)
         state = [RowState.of(self.tokenizer, rows.real_ids(r), rows.texts[r], rows.ends[r],
                              self._watches(constraints, rows.texts[r] + removed[r]), removed[r]) for r in range(n)]
         self.batch = Batch(logits=rows.logits, start=rows.logits,
                            weights=weights.to(device=device, dtype=torch.float32),
-                           gained=torch.zeros(n, 16, device=device), cost=torch.zeros(n, device=device),
+                           gained=torch.zeros(n, steps, device=device), cost=torch.zeros(n, device=device),
                            cache=rows.cache, grid=Grid(rows, device), constraints=constraints,
                            draws=RowDraws(n, options.rng) if self.sampler.random else None, rows=state,
                            logits_ok=[True] * n)
