@@ -19,6 +19,8 @@ __all__ = ["to_device", "to_host"]
 def to_device(data, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
     """``data`` (nested lists of numbers, or a CPU tensor) as a tensor on ``device``, copied
     behind the work already queued there, without waiting for it."""
+    if isinstance(data, torch.Tensor) and data.device == device and (dtype is None or data.dtype == dtype):
+        return data  # already there (most tensors of a step): no dispatch at all
     host = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
     if dtype is not None and host.dtype != dtype:
         host = host.to(dtype)

@@ -154,13 +154,13 @@ class Decoding:
         batch = self.batch
         identity = list(range(len(batch.rows)))
         step = 0
-        while not all(row.finished for row in batch.rows):
-            running = not any(row.finished for row in batch.rows)
+        finished = all(row.finished for row in batch.rows)
+        while not finished:
             rows = [row.view() for row in batch.rows]
             logits = batch.logits if not self.own else run(self.own, batch.logits, batch.weights, step, rows).logits
             # The queued step's forward is made on the device's ids before the host reads them.
-            overlap = (self.overlap and self.grid.all_real and step + 1 < max(self.steps) and running
-                       and _alone(self.model))
+            overlap = (self.overlap and self.grid.all_real and step + 1 < max(self.steps)
+                       and not any(row.finished for row in batch.rows) and _alone(self.model))
             drawn = yield Draw(logits=logits, weights=batch.weights, constraints=batch.constraints, rows=rows,
                                sampler=self.sampler, rng=self._rng(), sentinel=self.sentinel, after=self.after,
                                imposed=self.speculation.imposed() if self.speculation else NOTHING_IMPOSED,
@@ -183,7 +183,7 @@ class Decoding:
                     raise
             chunks, rewound = self.advance(ids_h, dead, step, self._read_logprobs(drawn))
             step += 1
-            drafts = self.speculation.draft(self, chunks) if self.speculation is not None else [[]] * len(chunks)
+            drafts = self.speculation.draft(self, chunks) if self.speculation is not None else None
             sent, plain, new_ids = self._append(chunks, drafts, ids_h)
             self.unforwarded = chunks  # until the forward below: a snapshot's rows recompute them
             if not self.whole or step == 1:  # a consumer of the whole answer hears of the first piece only
@@ -200,11 +200,12 @@ class Decoding:
             if finished:
                 break
             if any(chunks):  # else every row went back to the start of the call: its logits are kept
-                keep = 1 + max(map(len, drafts))  # the drafts are checked on their logits
+                keep = 1 + max(map(len, drafts)) if drafts else 1  # the drafts are checked on their logits
                 logits = yield from self._forward(ids if plain else new_ids, sum(map(len, sent)), plain,
                                                   keep)
                 if self.speculation is not None:
                     step += self.speculation.verify(self, logits, step)
+                    finished = all(row.finished for row in batch.rows)
             self.unforwarded = None
         for row in batch.rows:  # a character left incomplete ends the text as replacement characters
             row.flush()
@@ -225,13 +226,13 @@ class Decoding:
                 queued.give_back(count=False)
             raise
 
-    def _append(self, chunks: list[list[int]], drafts: list[list[int]], ids: list[int]
+    def _append(self, chunks: list[list[int]], drafts: list[list[int]] | None, ids: list[int]
                 ) -> tuple[list[list[int]], bool, list[list[int]]]:
-        """Put each row's tokens and its draft in the grid; return what is forwarded, whether the
-        step is plain (one sampled token per row, as sampled: the forward takes the ids where
-        they already are, with no host-to-device copy that would wait for the device), and the
-        new ids."""
-        sent = [c + d for c, d in zip(chunks, drafts)] if any(drafts) else chunks
+        """Put each row's tokens and its draft (``None``: none drafted) in the grid; return what is
+        forwarded, whether the step is plain (one sampled token per row, as sampled: the forward
+        takes the ids where they already are, with no host-to-device copy that would wait for the
+        device), and the new ids."""
+        sent = [c + d for c, d in zip(chunks, drafts)] if drafts and any(drafts) else chunks
         plain = all(len(c) == 1 and c[0] == t for c, t in zip(sent, ids))
         rows = self.batch.rows
         slots, new_ids = self.grid.append(sent, plain, any(row.history.rewinds for row in rows))
