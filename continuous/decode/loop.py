@@ -36,7 +36,7 @@ from .prefill import check_context, top_up_steps
 from ..models.scheduler import Request, Work
 from ..models.table import READY
 from .processors import ForkRanking, own, run
-from .result import Generation, logprob_texts, rows_after
+from .result import Generation, logprob_texts, rows_after, token_texts
 from .rows import RowState
 from .speculate import Speculation
 
@@ -131,7 +131,7 @@ class Decoding:
                 row.finish(Finish.EOS if constraints.done(r) else limits[r])
         self.advance = Advance(self.batch, options, self.tokenizer, self.eos, self.steps, limits)
         self.warned = False
-        self.token_texts: dict[int, str] = {}
+        self.token_texts = token_texts(self.tokenizer)
         self.own = own(options, self.pad)
         self.after = [ForkRanking(options.fork)] if self.sampler.joint and options.fork > 1 else []
         self.family = Draw.family_of(self.sampler, self.after, rows.logits)

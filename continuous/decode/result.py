@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -11,7 +12,9 @@ from .finish import Finish
 from .grid import Grid
 from .rows import RowState
 
-__all__ = ["Generation", "rows_after", "logprob_texts"]
+__all__ = ["Generation", "rows_after", "logprob_texts", "token_texts"]
+
+_TEXTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -41,6 +44,15 @@ def rows_after(tokenizer, rows: list[RowState], grid: Grid, cache, logits: torch
     if any(c < len(t) for c, t in zip(cuts, texts)) or any(unspelled):
         return out.with_text(tokenizer, cuts, unspelled)
     return out.edit([(len(e), [], [], t) for e, t in zip(ends, texts)])
+
+
+def token_texts(tokenizer) -> dict[int, str]:
+    """The texts of single tokens that calls with ``tokenizer`` decoded so far, shared by them all
+    (a call's log-probabilities name its tokens: each is decoded once per tokenizer, not per call)."""
+    try:
+        return _TEXTS.setdefault(tokenizer, {})
+    except TypeError:  # a tokenizer that cannot be referred to weakly: the call keeps its own
+        return {}
 
 
 def logprob_texts(tokenizer, known: dict[int, str], records: list[tuple]) -> list[tuple]:
