@@ -81,11 +81,17 @@ class Batch:
         if len(self._recorded) >= _SETTLE_EVERY:
             self.settle()
 
+    def total_cost(self) -> torch.Tensor:
+        """``[rows]`` the nats the constraint removed so far, the recorded steps' included (left recorded)."""
+        costs = [(cost, rows) for _, _, cost, rows in self._recorded if cost is not None]
+        return self.cost + _side_by_side(costs).sum(1) if costs else self.cost
+
     def settle(self) -> None:
         """Write the recorded steps into ``gained`` and ``cost``."""
-        recorded, self._recorded = self._recorded, []
-        if not recorded:
+        if not self._recorded:
             return
+        self.cost = self.total_cost()
+        recorded, self._recorded = self._recorded, []
         steps = [step for step, *_ in recorded]
         first, last = steps[0], max(steps)
         while last >= self.gained.shape[1]:  # doubling: rewinds make more steps than tokens
@@ -96,9 +102,6 @@ class Batch:
         else:
             latest = {step: j for j, step in enumerate(steps)}  # a step recorded again: the later stands
             self.gained[:, list(latest)] = columns[:, list(latest.values())]
-        costs = [(cost, rows) for _, _, cost, rows in recorded if cost is not None]
-        if costs:
-            self.cost = self.cost + _side_by_side(costs).sum(1)
 
     def give_back(self, row: int, steps: list[int]) -> None:
         """Take back from a row's weight what steps ``steps`` gave it."""

@@ -284,7 +284,6 @@ class Decoding:
         iteration stopped early, what it produced so far (the next call forwards the newest
         tokens, which this call did not)."""
         batch = self.batch
-        batch.settle()
         rows = batch.rows
         if not self.over:
             rows = [row.copy() for row in rows]  # flushing here must leave the running rows as they are
@@ -306,7 +305,7 @@ class Decoding:
         logprobs = None if self.options.logprobs is None else [
             logprob_texts(self.tokenizer, self.token_texts, row.history.logprobs) for row in rows]
         return Generation(out, batch.weights.cpu(), [row.value_text(w) for row, w in zip(rows, whole)],
-                          whole if accepts is not None else None, reasons, logprobs, batch.cost.tolist())
+                          whole if accepts is not None else None, reasons, logprobs, batch.total_cost().tolist())
 
 
 def _alone(model) -> bool:

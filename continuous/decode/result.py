@@ -43,6 +43,9 @@ def rows_after(tokenizer, rows: list[RowState], grid: Grid, cache, logits: torch
     cuts, unspelled = [row.cut for row in rows], [row.unspelled for row in rows]
     if any(c < len(t) for c, t in zip(cuts, texts)) or any(unspelled):
         return out.with_text(tokenizer, cuts, unspelled)
+    whole = mask.sum(1).tolist() == [len(e) for e in ends] and bool(mask[:, -1].all())
+    if whole and (cache is None or cache.length <= mask.shape[1]):
+        return out  # every row keeps each of its tokens and ends in the last slot: nothing to trim
     return out.edit([(len(e), [], [], t) for e, t in zip(ends, texts)])
 
 

@@ -47,10 +47,12 @@ def test_recorded_steps_are_written_once_read_as_each_write_would_have(model):
         else:
             batch.record(step, columns[:, step], cost)
     batch.record(5, torch.tensor([9.0, 8.0]))  # a step recorded again: the later one stands
+    cost = costs[[s for s in range(width + 70) if s % 3]].sum(0)
+    assert torch.allclose(batch.total_cost(), cost)  # read with steps still recorded
     batch.settle()
     columns[:, 5] = torch.tensor([9.0, 8.0])
     assert torch.equal(batch.gained[:, : width + 70], columns)
-    assert torch.allclose(batch.cost, costs[[s for s in range(width + 70) if s % 3]].sum(0))
+    assert torch.allclose(batch.cost, cost) and torch.equal(batch.total_cost(), batch.cost)
     batch.record(width + 70, torch.tensor([1.0, 2.0]))
     weights = batch.weights.clone()
     batch.give_back(1, [width + 70])  # reads what was just recorded
