@@ -570,12 +570,20 @@ class AsyncStream:
 
     def __init__(self, stream: Stream):
         self._stream = stream
+        self._keep_yielded = True
 
     def __aiter__(self) -> "AsyncStream":
         return self
 
+    def _no_snapshots(self) -> "AsyncStream":
+        """This stream for a consumer that drops the state of a stream it cancels (the server): the
+        state of what it has seen is not kept at each step (a snapshot of every row), so a cancel
+        while the next piece is on its way leaves that piece's step in ``state``."""
+        self._keep_yielded = False
+        return self
+
     async def __anext__(self) -> Any:
-        done, item = await self._stream.astep(keep_yielded=True)
+        done, item = await self._stream.astep(keep_yielded=self._keep_yielded)
         if done:
             raise StopAsyncIteration
         return item

@@ -6,6 +6,7 @@ import pytest
 from support.waiting import until
 
 from continuous import continuous, generate
+from continuous.decode import Decoding
 from continuous.state import SequenceState
 
 
@@ -147,6 +148,23 @@ def test_a_cancelled_async_for_keeps_only_what_it_yielded(model, gen):
 
     got, state = asyncio.run(main())
     assert str(state) == "A long story:" + "".join(got)
+
+
+def test_a_stream_read_without_snapshots_gives_the_same_pieces_and_final_state(gen, monkeypatch):
+    """A consumer that drops the state of a stream it cancels (the server) reads the same pieces and
+    final state, with no snapshot of what it has seen made at each step."""
+    results = []
+    real = Decoding.result
+    monkeypatch.setattr(Decoding, "result", lambda self: results.append(self) or real(self))
+
+    async def read(stream):
+        return [piece async for piece in stream], stream.state
+
+    kept, kept_state = asyncio.run(read(gen.astream("Tell me", max_tokens=12)))
+    with_snapshots, results[:] = len(results), []
+    plain, plain_state = asyncio.run(read(gen.astream("Tell me", max_tokens=12)._no_snapshots()))
+    assert plain == kept and str(plain_state) == str(kept_state)
+    assert len(results) == 1 < len(kept) <= with_snapshots  # the final state's only
 
 
 def test_a_healed_stream_closed_before_its_first_piece_has_an_empty_value(gen):

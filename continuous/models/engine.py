@@ -79,6 +79,7 @@ class Engine:
         self.driving = False
         self.last_forward = 0.0
         self.host = 0.0  # host seconds since the last step that forwarded
+        self.woken: list = []  # (event loop, future) of async consumers to tell (see _tell)
         self.thread: threading.Thread | None = None
 
     # -- direct forwards ---------------------------------------------------------------
@@ -230,6 +231,7 @@ class Engine:
             call.done, call.error, call.request, call.work, call.demand = True, error, None, None, None
             self.table.remove(call)
             self._wake(call)
+        self._tell()
         self._gauges()
         self.cond.notify_all()
 
@@ -303,7 +305,10 @@ class Engine:
             elif call.asks:
                 self._advance(call)
                 moved = True
-        if self._work(calls):
+        ran = self._work(calls)
+        with self.cond:
+            self._tell()  # before the step waits for them to ask again, and before the forward
+        if ran:
             moved = True
             if linger:
                 waited = time.perf_counter()
@@ -314,6 +319,9 @@ class Engine:
                 if call.asks:  # asked again while the step waited: joins this step's forward
                     self._advance(call)
         requests = [c.request for c in calls if not c.done and c.request is not None]
+        if self.woken:
+            with self.cond:
+                self._tell()
         # Host work counts toward the next step that forwards (a step that only hands pieces out
         # did the sampling of the step its consumers ask for next).
         self.host += time.perf_counter() - began
@@ -325,6 +333,7 @@ class Engine:
                 self.stats.record_step(sum(r.batch_rows for r in requests), self.host, self.last_forward)
             self.host = 0.0
         with self.cond:
+            self._tell()
             self._gauges()
             self.cond.notify_all()
         return moved or bool(requests)
@@ -425,10 +434,20 @@ class Engine:
             self.cond.notify_all()
 
     def _wake(self, call: Call) -> None:
-        """Tell the call's async consumers (with the lock held)."""
-        wakers, call.wakers = call.wakers, []
-        for loop, future in wakers:
-            loop.call_soon_threadsafe(_resolve, future)
+        """Tell the call's async consumers (with the lock held), at the step's next :meth:`_tell`."""
+        if call.wakers:
+            self.woken += call.wakers
+            call.wakers = []
+
+    def _tell(self) -> None:
+        """Tell the async consumers woken since the last time (with the lock held): one hand-over to
+        each event loop, not one per call (each wakes the loop's thread)."""
+        woken, self.woken = self.woken, []
+        loops: dict = {}
+        for loop, future in woken:
+            loops.setdefault(loop, []).append(future)
+        for loop, futures in loops.items():
+            loop.call_soon_threadsafe(_resolve, futures)
 
     def _forward(self, requests: list[Request]) -> None:
         """The merged forwards of a step: each group that pads well, then a chunk of the oldest long one."""
@@ -496,6 +515,7 @@ def _together(items: list[Work]) -> list[tuple]:
 _ORDER = {READY: 1, PIECE: 2, ALL: 3}
 
 
-def _resolve(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)
+def _resolve(futures: list[asyncio.Future]) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_result(None)

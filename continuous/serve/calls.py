@@ -85,9 +85,10 @@ class Call:
     options: dict[str, Any]
 
     def astream(self):
-        """The call's async stream (its arguments are checked now)."""
+        """The call's async stream (its arguments are checked now). A client that leaves drops
+        its stream: no step keeps a snapshot of what the client has seen."""
         prompt = self.prompts[0] if len(self.prompts) == 1 else self.prompts
-        return self.generator.astream(prompt, **self.options)
+        return self.generator.astream(prompt, **self.options)._no_snapshots()
 
     @property
     def tools(self):
