@@ -12,6 +12,8 @@ for JSON, with:
   model's forward passes (timed by hooks on the HF module), over steps × rows;
 - the model's own per-step figures where it keeps them (``model.stats``);
 - whether every concurrent call's text equals the same call run alone;
+- ``streams``: the same text calls as streams, read with ``async for`` and as the server
+  reads them, against the batched call (``*_vs_one_call``);
 - where the host time goes (``breakdown``, µs per row per step), from one more run of each
   with timers around the host phases (the timers' own cost included, so it is measured
   apart from the figures above): the logits processors, the constraint's mask (filled on
@@ -181,6 +183,38 @@ def one_kind(model, clock, gen, texts_in: list[str], tokens: int, reps: int) -> 
     return result
 
 
+def streams(gen, texts_in: list[str], tokens: int, reps: int) -> dict:
+    """``CLIENTS`` concurrent streams of text against the batched call, in turn, rep by rep: read with
+    ``async for`` (which keeps, at each step, the state its consumer has seen, for a cancel), and
+    as the server reads them (no such snapshot); each one's medians of its reps' ratios."""
+    async def read(prompt, server):
+        stream = gen.astream(prompt, max_tokens=tokens)
+        return "".join([piece async for piece in (stream._no_snapshots() if server else stream)])
+
+    def timed(run):
+        began = time.perf_counter()
+        out = run()
+        return time.perf_counter() - began, out
+
+    def concurrent(server):
+        async def together():
+            return await asyncio.gather(*[read(p, server) for p in texts_in])
+        return lambda: asyncio.run(together())
+
+    batched = lambda: gen(texts_in, max_tokens=tokens)  # noqa: E731
+    concurrent(False)()
+    ratios = {"async_for": [], "server": []}
+    texts = {}
+    for _ in range(reps):
+        one, _ = timed(batched)
+        for name, server in (("async_for", False), ("server", True)):
+            wall, texts[name] = timed(concurrent(server))
+            ratios[name].append(one / wall)  # the same tokens: the ratio of the walls
+    alone = [str(gen(p, max_tokens=tokens))[len(p):] for p in texts_in]
+    return {**{f"{k}_vs_one_call": round(median(v), 3) for k, v in ratios.items()},
+            "identical_to_alone": all(t == alone for t in texts.values())}
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="4 clients, 8 tokens, one rep")
@@ -203,6 +237,7 @@ def main():
     texts_in = prompts(CLIENTS)
     kinds = {"text": continuous(generate.text(model)), "json": continuous(generate.json(model, SCHEMA))}
     results = {k: one_kind(model, clock, gen, texts_in, TOKENS, args.reps) for k, gen in kinds.items()}
+    streamed = streams(kinds["text"], texts_in, TOKENS, args.reps)
     table = [("kind", "one call tok/s", "concurrent tok/s", "vs one call", "host µs/row/step (one, conc.)",
               "forward ms/step (one, conc.)", "identical")]
     for k, r in results.items():
@@ -217,9 +252,12 @@ def main():
             cells = [f"{r['one_call']['breakdown'].get(p, 0.0)}, {r['concurrent']['breakdown'].get(p, 0.0)}"
                      for p in part]
             table.append((k, "", *cells) + ("",) * (5 - len(part)))
+    table.append(("streams (text)", "async for vs one call", streamed["async_for_vs_one_call"],
+                  "as the server reads them", streamed["server_vs_one_call"], "identical",
+                  streamed["identical_to_alone"]))
     emit("engine", table, {"bench": "engine", "clients": CLIENTS, "tokens": TOKENS, "threads": args.threads,
                            "device": args.device, "compile": args.compile,
-                           "kinds": results}, args.save)
+                           "kinds": results, "streams": streamed}, args.save)
 
 
 if __name__ == "__main__":

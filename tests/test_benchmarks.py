@@ -31,7 +31,8 @@ KEYS = {
                     "forwards_per_output_token": {"token", "ff", "lookup_ff", "hf", "hf_lookup"}},
     "serve": {"models": {"small"}},
     "llamacpp": {"f32": {"decode", "chat", "json", "concurrent", "memory_mb"}, "q4_1": {"decode", "memory_mb"}},
-    "engine": {"kinds": {"text", "json"}},
+    "engine": {"kinds": {"text", "json"},
+               "streams": {"async_for_vs_one_call", "server_vs_one_call", "identical_to_alone"}},
 }
 
 
@@ -79,7 +80,9 @@ def test_benchmark_prints_its_figures(name):
 @bench()
 def test_engine_benchmark_s_concurrent_calls_equal_each_call_alone():
     """Concurrent calls and one batched call give each call's own text, and every figure is there."""
-    for kind in run("engine")["kinds"].values():
+    result = run("engine")
+    assert result["streams"]["identical_to_alone"]  # streamed, each as the call alone
+    for kind in result["kinds"].values():
         assert kind["identical_to_alone"] and kind["one_call_identical_to_alone"]
         for how in ("one_call", "concurrent"):
             figures = kind[how]
