@@ -447,7 +447,10 @@ class Engine:
         for loop, future in woken:
             loops.setdefault(loop, []).append(future)
         for loop, futures in loops.items():
-            loop.call_soon_threadsafe(_resolve, futures)
+            try:
+                loop.call_soon_threadsafe(_resolve, futures)
+            except RuntimeError:  # its loop is closed: nobody is there to tell
+                pass
 
     def _forward(self, requests: list[Request]) -> None:
         """The merged forwards of a step: each group that pads well, then a chunk of the oldest long one."""

@@ -118,6 +118,21 @@ def test_the_calls_of_an_asyncio_burst_start_together_in_one_prefill(backend):
     assert len(backend.forwards) == 3 and sorted(log) == ["a", "b", "c"]
 
 
+def test_a_consumer_whose_event_loop_is_closed_holds_no_step_back(backend):
+    """A call whose async consumer's loop closed (the consumer gave up) ends as the others do: there is
+    nobody to tell, and the step goes on."""
+    engine, _ = _engine(backend)
+    gone, here = (engine.submit(_call(name, 2, 2, []), rows=1) for name in ("gone", "here"))
+    closed = asyncio.new_event_loop()
+    gone.wakers.append((closed, closed.create_future()))
+    closed.close()
+    engine.ask(gone, ALL)
+    engine.ask(here, ALL)
+    while not (gone.done and here.done):
+        engine.step()
+    assert gone.error is None and here.error is None and not engine.woken
+
+
 def test_a_call_whose_consumer_holds_a_piece_is_parked_and_holds_nobody_back(backend):
     engine, _ = _engine(backend)
     log = []
