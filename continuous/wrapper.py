@@ -360,6 +360,7 @@ class Stream:
         self._call = None  # the engine's call
         self._alone = None  # the events of a call run alone (no engine)
         self._snapshot: SequenceState | None = None
+        self._seen: Callable[[], Generation] | None = None  # the result its consumer has seen, made when read
         self._final: SequenceState | None = None
         self._ended: SequenceState | None = None  # made where the call ended
         self._first_piece_at: float | None = None  # of a call run alone (else its engine call's)
@@ -378,7 +379,7 @@ class Stream:
         """The call goes on past the last piece its consumer took: keep the state it has seen, for a
         cancel that would come before the next piece is yielded (async streams)."""
         if self._keep_yielded:
-            self._snapshot = self._state(self._decoding.result())
+            self._snapshot, self._seen = None, self._decoding.seen()
 
     def _submitted(self):
         """The stream's call on the engine, queued on first use; cancelled if the stream is dropped."""
@@ -427,7 +428,7 @@ class Stream:
             if self._last_value:  # the next step finds _final and ends
                 return False, self._final.value
             return True, self._final
-        self._snapshot = None
+        self._snapshot, self._seen = None, None
         return False, self._shape(event)
 
     def _finished(self) -> SequenceState:
@@ -542,7 +543,8 @@ class Stream:
         if self._snapshot is None:
             if not self._prepared() and (self._call is None or not self._call.done):
                 self._next(READY)
-            self._snapshot = self._state(self._decoding.result()) if self._prepared() else self._initial()
+            seen = self._seen if self._seen is not None else self._decoding.seen() if self._prepared() else None
+            self._snapshot = self._state(seen()) if seen is not None else self._initial()
         return self._snapshot
 
 

@@ -152,10 +152,10 @@ def test_a_cancelled_async_for_keeps_only_what_it_yielded(model, gen):
 
 def test_a_stream_read_without_snapshots_gives_the_same_pieces_and_final_state(gen, monkeypatch):
     """A consumer that drops the state of a stream it cancels (the server) reads the same pieces and
-    final state, with no snapshot of what it has seen made at each step."""
+    final state, with nothing of what it has seen taken at each step."""
     results = []
-    real = Decoding.result
-    monkeypatch.setattr(Decoding, "result", lambda self: results.append(self) or real(self))
+    real = Decoding.seen
+    monkeypatch.setattr(Decoding, "seen", lambda self: results.append(self) or real(self))
 
     async def read(stream):
         return [piece async for piece in stream], stream.state

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -83,8 +83,12 @@ class Batch:
 
     def total_cost(self) -> torch.Tensor:
         """``[rows]`` the nats the constraint removed so far, the recorded steps' included (left recorded)."""
-        costs = [(cost, rows) for _, _, cost, rows in self._recorded if cost is not None]
-        return self.cost + _side_by_side(costs).sum(1) if costs else self.cost
+        return self.cost_so_far()()
+
+    def cost_so_far(self) -> Callable[[], torch.Tensor]:
+        """:meth:`total_cost` as of now, summed when called (the call may go on meanwhile)."""
+        base, costs = self.cost, [(cost, rows) for _, _, cost, rows in self._recorded if cost is not None]
+        return lambda: base + _side_by_side(costs).sum(1) if costs else base
 
     def settle(self) -> None:
         """Write the recorded steps into ``gained`` and ``cost``."""

@@ -9,12 +9,14 @@ keeps the attention mask that forwards read, updated with the same columns.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..layout import Rows, interior_holes
 from ..transfer import to_device
 
-__all__ = ["Grid"]
+__all__ = ["Grid", "Frozen"]
 
 
 class Grid:
@@ -74,9 +76,9 @@ class Grid:
         return self
 
     def hole_at(self, row: int, slot: int) -> None:
-        """Turn a generated token's slot into a hole."""
-        self.reals[slot][row] = False
-        self.columns[slot][row] = self.pad
+        """Turn a generated token's slot into a hole (its column is made anew: a frozen grid keeps the old)."""
+        self.reals[slot] = [ok and r != row for r, ok in enumerate(self.reals[slot])]
+        self.columns[slot] = [self.pad if r == row else t for r, t in enumerate(self.columns[slot])]
         self.attention_mask[row, self.width0 + slot] = 0
 
     def reject(self, row: int, slot: int) -> None:
@@ -141,6 +143,24 @@ class Grid:
         self.holes = self.holes or rewound or any(self.trailing)
         self.trailing = [False] * len(ids)
         return [range(slot, slot + 1)] * len(ids), [[t] for t in ids]
+
+    def layout(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The host token ids and attention mask of every slot, the generated columns included."""
+        return self.frozen().layout()
+
+    def frozen(self) -> "Frozen":
+        """The slots as they are now, whatever the grid appends or turns into holes later."""
+        return Frozen(self.token_ids, self.real, self.columns[:], self.reals[:])
+
+
+class Frozen(NamedTuple):
+    """A grid's slots at one moment (see :meth:`Grid.frozen`): its input's ids and mask (replaced,
+    never written), and its generated columns (each made anew when it changes)."""
+
+    token_ids: torch.Tensor
+    real: torch.Tensor
+    columns: list[list[int]]
+    reals: list[list[bool]]
 
     def layout(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The host token ids and attention mask of every slot, the generated columns included."""

@@ -283,6 +283,11 @@ class Decoding:
         """What the call produced: once iterated, its result; between two steps, or after the
         iteration stopped early, what it produced so far (the next call forwards the newest
         tokens, which this call did not)."""
+        return self.seen()()
+
+    def seen(self) -> Callable[[], Generation]:
+        """:meth:`result` as of now, made when called: what it reads is taken now (the rows copied,
+        the grid frozen), so the call may go on meanwhile, on another thread."""
         batch = self.batch
         rows = batch.rows
         if not self.over:
@@ -291,8 +296,12 @@ class Decoding:
                 row.flush()
         ok = batch.logits_ok if self.unforwarded is None else [
             ok and not c for ok, c in zip(batch.logits_ok, self.unforwarded)]
-        out = rows_after(self.tokenizer, rows, self.grid, batch.cache, batch.logits, ok, self.pad)
-        accepts = batch.constraints.complete()
+        taken = (rows, self.grid.frozen(), batch.cache, batch.logits, ok, batch.constraints.complete(),
+                 batch.weights, batch.cost_so_far())
+        return lambda: self._generation(*taken)
+
+    def _generation(self, rows, grid, cache, logits, ok, accepts, weights, cost) -> Generation:
+        out = rows_after(self.tokenizer, rows, grid, cache, logits, ok, self.pad)
         # A stop string that ends a whole match of the constraint leaves the match whole.
         whole = [a and (row.written.stop is None or row.written.stop[1] == len(row.written.text))
                  for a, row in zip(accepts or [False] * len(rows), rows)]
@@ -304,8 +313,8 @@ class Decoding:
                           stacklevel=4)
         logprobs = None if self.options.logprobs is None else [
             logprob_texts(self.tokenizer, self.token_texts, row.history.logprobs) for row in rows]
-        return Generation(out, batch.weights.cpu(), [row.value_text(w) for row, w in zip(rows, whole)],
-                          whole if accepts is not None else None, reasons, logprobs, batch.total_cost().tolist())
+        return Generation(out, weights.cpu(), [row.value_text(w) for row, w in zip(rows, whole)],
+                          whole if accepts is not None else None, reasons, logprobs, cost().tolist())
 
 
 def _alone(model) -> bool:

@@ -9,7 +9,7 @@ import torch
 
 from ..layout import Rows
 from .finish import Finish
-from .grid import Grid
+from .grid import Frozen
 from .rows import RowState
 
 __all__ = ["Generation", "rows_after", "logprob_texts", "token_texts"]
@@ -31,7 +31,7 @@ class Generation:
     costs: list[float] | None = None  # per row, the nats the constraint removed over the call's steps
 
 
-def rows_after(tokenizer, rows: list[RowState], grid: Grid, cache, logits: torch.Tensor, logits_ok: list[bool],
+def rows_after(tokenizer, rows: list[RowState], grid: Frozen, cache, logits: torch.Tensor, logits_ok: list[bool],
                pad: int) -> Rows:
     """The call's rows once it is over: trim the columns no row uses, cut rows whose last token
     ran past a stop string, and give back as text what healing removed and the call ended

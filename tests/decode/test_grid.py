@@ -67,6 +67,18 @@ def test_a_rewound_slot_becomes_a_hole_everywhere():
     _check_device_mask(grid)
 
 
+def test_a_frozen_grid_keeps_its_slots_whatever_the_grid_does_after():
+    grid = Grid(_rows([[5], [6]], [[1], [1]]), torch.device("cpu"))
+    grid.append([[10, 11], [20, 21]], plain=False, rewound=False)
+    frozen = grid.frozen()
+    before = [t.tolist() for t in frozen.layout()]
+    grid.hole_at(0, 1)  # a rewind after the freeze
+    grid.append([[12], [22]], plain=False, rewound=True)
+    grid.drop_empty_tail()
+    assert [t.tolist() for t in frozen.layout()] == before == [[[5, 10, 11], [6, 20, 21]], [[1, 1, 1], [1, 1, 1]]]
+    assert grid.layout()[0][0].tolist() == [5, 10, PAD, 12]
+
+
 def test_reorder_moves_every_row_of_the_grid():
     grid = Grid(_rows([[5, 6], [0, 7]], [[1, 1], [0, 1]]), torch.device("cpu"))
     grid.append([[10, 11], [20]], plain=False, rewound=False)
