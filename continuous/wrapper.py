@@ -578,9 +578,9 @@ class AsyncStream:
         return self
 
     def _no_snapshots(self) -> "AsyncStream":
-        """This stream for a consumer that drops the state of a stream it cancels (the server): the
-        state of what it has seen is not kept at each step (a snapshot of every row), so a cancel
-        while the next piece is on its way leaves that piece's step in ``state``."""
+        """This stream for a consumer that drops the state of a stream it cancels (the server): what
+        it has seen is not taken at each step (a copy of every row), so a cancel while the next
+        piece is on its way leaves that piece's step in ``state``."""
         self._keep_yielded = False
         return self
 
