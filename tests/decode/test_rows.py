@@ -134,7 +134,7 @@ def test_healed_text_not_spelled_again_by_the_end_of_the_call_is_given_back(toke
 
 
 def test_copies_share_no_mutable_field(tokenizer):
-    """A copy is derived from the fields: whatever field a part gains is copied with the others."""
+    """A copy shares no mutable field: a field that a part gains must be copied too (else this fails)."""
     import dataclasses
 
     row = _row(tokenizer, ban=BanList(["zz"]))
