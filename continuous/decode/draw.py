@@ -143,8 +143,8 @@ class Drawn:
     for the tokens, rows and dead rows, on the host), and the scores it was drawn from.
 
     ``step_gained``, ``step_logits`` and ``step_cost`` are the step's tensors of every row
-    drawn with this draw's; its rows of them are ``rows`` (:attr:`gained`, :attr:`logits`,
-    :attr:`cost`).
+    drawn with this draw's; its rows of them are ``rows`` (a call records the step's tensors
+    with its rows, and reads its scores as :attr:`logits`).
     """
 
     ids: torch.Tensor  # [rows, 1]: as the next forward takes them
@@ -161,16 +161,8 @@ class Drawn:
     gained_h: list[float] | None = None  # ``gained`` on the host, for a draw that asked for it
 
     @property
-    def gained(self) -> torch.Tensor:
-        return self.step_gained[self.rows]
-
-    @property
     def logits(self) -> torch.Tensor:
         return self.step_logits[self.rows]
-
-    @property
-    def cost(self) -> torch.Tensor | None:
-        return None if self.step_cost is None else self.step_cost[self.rows]
 
 
 def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
