@@ -37,8 +37,8 @@ class Advance:
 
     def consume(self, ids: list[int], dead: list[int]) -> list[int]:
         """Move the matchers of the rows that take their sampled token past it, leaving their
-        masks to be written together (a :class:`~.constraints.Refresh`); returns those rows.
-        The step's :meth:`__call__` then takes them on from there."""
+        masks to be written together (:meth:`~.constraints.RowConstraints.refresh_all`, by the
+        draw); returns those rows. The step's :meth:`__call__` then takes them on from there."""
         constraints, rows = self.batch.constraints, self.batch.rows
         if constraints.matchers is None:
             return []

@@ -13,9 +13,8 @@ import torch
 
 from ..engines import Watch, bits, fill_rows
 from ..heal import heal_matchers
-from ..models.scheduler import Work
 
-__all__ = ["RowConstraints", "Refresh"]
+__all__ = ["RowConstraints"]
 
 
 class RowConstraints:
@@ -117,8 +116,8 @@ class RowConstraints:
             self._refresh(row)
 
     def consume(self, row: int, token_id: int) -> None:
-        """:meth:`advance` without writing the row's mask: a :class:`Refresh` of the rows
-        consumed writes them all together, before anything reads them."""
+        """:meth:`advance` without writing the row's mask: :meth:`refresh_all` writes those of the
+        rows consumed together, before anything reads them."""
         self.matchers[row].advance(token_id)
 
     @staticmethod
@@ -173,20 +172,3 @@ class RowConstraints:
         if self.device.type == "cuda":
             self.bitmask = self.bitmask.pin_memory()
         return self
-
-
-class Refresh(Work):
-    """A call's ask to write the masks of rows whose matchers consumed a token (see
-    :meth:`RowConstraints.consume`): the engine writes those of every call at once."""
-
-    def __init__(self, constraints: RowConstraints, rows: list[int]):
-        self.constraints, self.rows = constraints, rows
-
-    @property
-    def key(self):
-        return Refresh, self.constraints.bitmask.shape[1]
-
-    @staticmethod
-    def run_all(items: list["Refresh"]) -> list[None]:
-        RowConstraints.refresh_all([(item.constraints, item.rows) for item in items])
-        return [None] * len(items)

@@ -67,6 +67,11 @@ class Draw(Work):
     family
         What the draws that run together share (:meth:`family_of`, the same at every step of a
         call: made once); ``None``: this draw runs alone.
+    consume
+        ``consume(ids, dead) -> rows``: moves the call's matchers past the tokens its rows take
+        (host ids, and 1 where a row had no token), leaving their masks unwritten; returns the
+        rows moved. The masks of every draw's moved rows are then written at once, in one fill
+        (the call's step takes those rows on from there: :attr:`Drawn.consumed`).
     """
 
     logits: torch.Tensor
@@ -82,6 +87,7 @@ class Draw(Work):
     queue: Callable[[torch.Tensor], Any] | None = None
     logprobs: bool = False
     family: Any = None
+    consume: Callable[[list[int], list[int]], list[int]] | None = None
 
     @staticmethod
     def family_of(sampler: Sampler, after: list[Processor], logits: torch.Tensor):
@@ -134,6 +140,7 @@ class Draw(Work):
                              ancestors_h=host[2] if joint else None, dead=host[1][rows], queued=q,
                              gained_h=host_gained[rows] if d.logprobs else None))
             at += n
+        _consume(draws, out)
         return out
 
 
@@ -159,10 +166,36 @@ class Drawn:
     dead: list[int]  # 1 where the row had no allowed token
     queued: Any = None  # what the draw's ``queue`` returned
     gained_h: list[float] | None = None  # ``gained`` on the host, for a draw that asked for it
+    consumed: list[int] | None = None  # the rows the draw's ``consume`` moved (``None``: none asked)
+    error: Exception | None = None  # what consuming failed with: the call's own failure
 
     @property
     def logits(self) -> torch.Tensor:
         return self.step_logits[self.rows]
+
+
+def _consume(draws: list[Draw], out: list[Drawn]) -> None:
+    """Move each draw's matchers past its rows' tokens, then write the masks of every moved row in
+    one fill. A failure is its draw's own (on its :class:`Drawn`): the draws, which moved their
+    matchers already, are never run again."""
+    parts = []
+    for d, drawn in zip(draws, out):
+        if d.consume is None:
+            continue
+        try:
+            drawn.consumed = d.consume(drawn.ids_h, drawn.dead)
+        except Exception as exc:  # noqa: BLE001 - raised by its call
+            drawn.error = exc
+        else:
+            parts.append((d.constraints, drawn))
+    try:
+        RowConstraints.refresh_all([(c, drawn.consumed) for c, drawn in parts])
+    except Exception:  # noqa: BLE001 - each part again, alone: one bad matcher fails only its call
+        for c, drawn in parts:
+            try:
+                RowConstraints.refresh_all([(c, drawn.consumed)])
+            except Exception as exc:  # noqa: BLE001 - raised by its call
+                drawn.error = exc
 
 
 def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:

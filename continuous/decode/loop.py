@@ -26,7 +26,7 @@ from ..samplers import RowDraws
 from ..transfer import to_device
 from .advance import Advance
 from .batch import Batch
-from .constraints import Refresh, RowConstraints
+from .constraints import RowConstraints
 from .finish import Finish
 from .grid import Grid
 from .options import Options
@@ -135,6 +135,9 @@ class Decoding:
         self.own = own(options, self.pad)
         self.after = [ForkRanking(options.fork)] if self.sampler.joint and options.fork > 1 else []
         self.family = Draw.family_of(self.sampler, self.after, rows.logits)
+        # The draw moves the matchers past the sampled tokens and writes their masks with every call's
+        # at once; beams reorder their rows first, so theirs move one by one as the rows take them.
+        self.consume = self.advance.consume if constraints.matchers is not None and not self.sampler.joint else None
         eos = self.tokenizer.eos_token_id
         self.sentinel = eos if eos is not None else min(self.eos, default=0)  # what finished rows "emit"
         # The queued step's input is the sampled token whatever the constraint: its mask for
@@ -165,7 +168,12 @@ class Decoding:
                                sampler=self.sampler, rng=self._rng(), sentinel=self.sentinel, after=self.after,
                                imposed=self.speculation.imposed() if self.speculation else NOTHING_IMPOSED,
                                step=step, queue=(lambda ids: Queued(self.model, ids, batch.cache)) if overlap else None,
-                               logprobs=self.options.logprobs is not None, family=self.family)
+                               logprobs=self.options.logprobs is not None, family=self.family,
+                               consume=self.consume)
+            if drawn.error is not None:
+                if drawn.queued is not None:
+                    drawn.queued.give_back(count=False)
+                raise drawn.error
             ids, ancestors, weights, queued = drawn.ids, drawn.ancestors, drawn.weights, drawn.queued
             ids_h, ancestors_h, dead = drawn.ids_h, drawn.ancestors_h, drawn.dead
             reordered = ancestors_h is not None and ancestors_h != identity
@@ -173,14 +181,6 @@ class Decoding:
                 batch.select(ancestors_h, ancestors)
             batch.record(step, drawn.step_gained, drawn.step_cost, drawn.rows)
             batch.weights = weights
-            consumed = self.advance.consume(ids_h, dead)
-            if consumed:  # their masks are written with those of every call stepping now
-                try:
-                    yield Refresh(batch.constraints, consumed)
-                except BaseException:  # closed or failed here: the rows never took these tokens
-                    for r in consumed:
-                        batch.constraints.rollback(r, 1)
-                    raise
             chunks, rewound = self.advance(ids_h, dead, step, self._read_logprobs(drawn))
             step += 1
             drafts = self.speculation.draft(self, chunks) if self.speculation is not None else None

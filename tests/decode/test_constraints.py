@@ -1,5 +1,6 @@
 """Each row's constraint in a call: allowed tokens, forced runs, rollback, reordering."""
 
+import pytest
 import torch
 
 from continuous.decode.constraints import RowConstraints
@@ -63,43 +64,50 @@ def test_free_text_allows_everything(tokenizer):
 
 
 def test_rows_of_several_calls_consumed_then_refreshed_together_equal_each_advanced_alone(tokenizer):
-    from continuous.decode.constraints import Refresh
-
     calls = [_constraints(tokenizer, "[0-9]+x", rows=3), _constraints(tokenizer, "(ab|cd)e", rows=2)]
     alone = [_constraints(tokenizer, "[0-9]+x", rows=3), _constraints(tokenizer, "(ab|cd)e", rows=2)]
     steps = [[(0, "1"), (2, "7")], [(1, "c")]]  # some rows of each call move, the others stay
-    items = []
+    parts = []
     for c, a, moves in zip(calls, alone, steps):
         for r, text in moves:
             t = tokenizer.encode(text, add_special_tokens=False)[0]
             c.consume(r, t)
             a.advance(r, t)
-        items.append(Refresh(c, [r for r, _ in moves]))
-    assert len({item.key for item in items}) == 1  # the engine runs them as one
-    assert Refresh.run_all(items) == [None, None]
+        parts.append((c, [r for r, _ in moves]))
+    RowConstraints.refresh_all(parts)
     for c, a in zip(calls, alone):
         assert torch.equal(c.bitmask, a.bitmask) and c.single == a.single
         assert [c.forced(r) for r in range(len(c.single))] == [a.forced(r) for r in range(len(a.single))]
 
 
-def test_a_call_closed_while_its_masks_wait_to_be_written_leaves_its_matchers_with_its_rows(model):
-    """The tokens a call's matchers consumed before its rows took them are given back when
-    the call ends there: its state's text and its constraint agree."""
+def test_a_draw_whose_matchers_fail_fails_only_its_call_and_the_others_masks_are_written_at_once(model):
+    """A shared draw moves every call's matchers past its tokens and writes their masks in one
+    fill; a call whose matcher fails there gets its own error, the others go on."""
     from continuous.decode import Decoding, Options
     from continuous.decode.draw import Draw
     from continuous.layout import Rows
 
-    constraint = regex("[0-9]", model.tokenizer)  # one digit: the consumed token alone would complete it
-    rows = Rows.from_texts(model.tokenizer, ["A digit: "])
-    decoding = Decoding(model, rows, torch.zeros(1), constraint, Options(max_tokens=3))
-    steps = decoding.run()
-    item = next(steps)
-    while not isinstance(item, Draw):  # the prefill's forwards, then READY
-        item = steps.send(model.forward(item.input_ids, item.attention_mask, item.cache, item.logits_to_keep)
-                          if hasattr(item, "input_ids") else None)
-    before = decoding.batch.constraints.bitmask.clone()
-    refresh = steps.send(Draw.run_all([item])[0])
-    assert refresh.rows == [0]  # the matcher moved; its mask is not written yet
-    steps.close()
-    assert torch.equal(decoding.batch.constraints.bitmask, before)
-    assert decoding.result().texts == [""] and decoding.batch.constraints.complete() == [False]
+    def first_draw(decoding):
+        steps = decoding.run()
+        item = next(steps)
+        while not isinstance(item, Draw):  # the prefill's forwards, then READY
+            item = steps.send(model.forward(item.input_ids, item.attention_mask, item.cache, item.logits_to_keep)
+                              if hasattr(item, "input_ids") else None)
+        return steps, item
+
+    decodings = [Decoding(model, Rows.from_texts(model.tokenizer, ["A number: "]), torch.zeros(1),
+                          regex("[0-9]{2}", model.tokenizer), Options(max_tokens=4)) for _ in range(3)]
+    (good, draw), (bad, broken), (_, alone) = map(first_draw, decodings)
+
+    def fail(ids, dead):
+        raise ValueError("the matcher broke")
+
+    broken.consume = fail
+    out = Draw.run_all([draw, broken])
+    assert out[0].error is None and out[0].consumed == [0] and isinstance(out[1].error, ValueError)
+    decodings[2].batch.constraints.advance(0, out[0].ids_h[0])  # the same token, taken alone
+    assert torch.equal(decodings[0].batch.constraints.bitmask, decodings[2].batch.constraints.bitmask)
+    with pytest.raises(ValueError, match="the matcher broke"):
+        bad.send(out[1])
+    good.send(out[0])  # the other call takes its token and goes on to its forward
+    assert len(decodings[0].batch.rows[0].tokens) == 1
