@@ -100,6 +100,10 @@ class Joint:
         layout = self._kept(requests)
         if layout is not None:
             return layout
+        # Stacked in the engine's order of calls, which is the order a shared draw hands out their
+        # ids: the next steps then forward those ids as they are (the batching policy orders a
+        # group by width).
+        requests = sorted(requests, key=lambda r: -1 if r.call is None else r.call)
         live = sum(r.batch_rows for r in requests)
         self.forget({id(r.cache) for r in requests})
         lengths = [r.cache.length if r.cache is not None else 0 for r in requests]

@@ -197,11 +197,12 @@ class Transformers:
             # The same calls go on, every slot of theirs real: the last step's mask grows by the
             # new columns, each request's right-aligned (holes before a narrower one's).
             same = all(r.width == width for r in requests)
-            pieces = [(at, _pad_left(to_device(r.input_ids, device), width)) for r, at in zip(requests, layout.at)]
-            if dead:
+            ids = None if dead or not same else _blocks_of_one([r.input_ids for r in requests], device)
+            if ids is None:
+                pieces = [(at, _pad_left(to_device(r.input_ids, device), width)) for r, at in zip(requests, layout.at)]
                 pieces += [(a, torch.zeros((b - a, width), dtype=torch.long, device=device)) for a, b in dead]
                 pieces.sort(key=lambda p: p[0])
-            ids = torch.cat([t for _, t in pieces]) if len(pieces) > 1 else pieces[0][1]
+                ids = torch.cat([t for _, t in pieces]) if len(pieces) > 1 else pieces[0][1]
             n_real = sum(r.batch_rows * r.width for r in requests)
             if same:
                 if layout.mask is None:
@@ -368,6 +369,22 @@ def _check_limit(value, name: str) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ValueError(f"{name} must be a positive int (or None: no limit), got {value!r}")
     return value
+
+
+def _blocks_of_one(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor | None:
+    """The tensor on ``device`` whose consecutive row blocks ``parts`` are, in order, as a view
+    (nothing copied), or ``None`` when they are not: the ids that one shared draw handed each
+    call, forwarded together again."""
+    first = parts[0]
+    base, stride, at = first._base, first.stride(), first.storage_offset()
+    if base is None or first.device != device:
+        return None
+    rows = 0
+    for p in parts:
+        if p._base is not base or p.storage_offset() != at + rows * stride[0] or p.stride() != stride:
+            return None
+        rows += p.shape[0]
+    return first.as_strided((rows, *first.shape[1:]), stride)
 
 
 def _pad_left(ids: torch.Tensor, width: int) -> torch.Tensor:
