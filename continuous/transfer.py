@@ -4,7 +4,8 @@ A plain ``torch.tensor(data, device="cuda")`` or ``.tolist()`` synchronizes: the
 until every kernel queued before it has run, and a decode step's host work can no longer
 overlap the device's. These go through pinned memory with ``non_blocking`` copies (the
 caching host allocator keeps a pinned block until the copies that read it are done). On a
-CPU they are the plain operations.
+CPU they are the plain operations. :func:`cat_rows` joins row blocks with no copy at all
+where they are already one tensor's.
 """
 
 from __future__ import annotations
@@ -13,7 +14,23 @@ from typing import Callable
 
 import torch
 
-__all__ = ["to_device", "to_host"]
+__all__ = ["cat_rows", "to_device", "to_host"]
+
+
+def cat_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)``; a view, with nothing copied, when the parts are consecutive row blocks
+    of one tensor, in order (what a split of it handed out: the calls of an engine step hand back
+    the rows of the step before's tensors)."""
+    first = parts[0]
+    base, stride, at = first._base, first.stride(), first.storage_offset()
+    if len(parts) == 1 or base is None:
+        return first if len(parts) == 1 else torch.cat(parts)
+    rows = 0
+    for p in parts:
+        if p._base is not base or p.storage_offset() != at + rows * stride[0] or p.stride() != stride:
+            return torch.cat(parts)
+        rows += p.shape[0]
+    return first.as_strided((rows, *first.shape[1:]), stride)
 
 
 def to_device(data, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:

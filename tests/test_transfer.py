@@ -2,8 +2,10 @@
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
-from continuous.transfer import to_device, to_host
+from continuous.transfer import cat_rows, to_device, to_host
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
@@ -25,3 +27,19 @@ def test_to_device_takes_lists_and_host_tensors(device):
     assert to_device(torch.arange(4), device, torch.float32).tolist() == [0.0, 1.0, 2.0, 3.0]
     on_device = torch.ones(2, device=device)
     assert to_device(on_device, device) is on_device  # already there: nothing is copied
+
+
+@given(st.lists(st.integers(1, 3), min_size=1, max_size=6), st.data())
+def test_cat_rows_equals_cat_and_copies_nothing_only_for_consecutive_blocks_of_one_tensor(sizes, data):
+    """What a split handed out, given back: a view when the blocks are consecutive and in order,
+    a copy otherwise (some left out, reordered, or not of one tensor)."""
+    whole = torch.arange(sum(sizes) * 2).view(-1, 2)
+    blocks = list(whole.split(sizes))
+    picked = data.draw(st.lists(st.integers(0, len(blocks) - 1), min_size=1, max_size=len(blocks)))
+    if data.draw(st.booleans()):
+        picked.append(-1)  # a tensor of its own among them
+    parts = [blocks[i] if i >= 0 else torch.zeros((1, 2), dtype=whole.dtype) for i in picked]
+    joined = cat_rows(parts)
+    assert torch.equal(joined, torch.cat(parts))
+    consecutive = len(parts) == 1 or (-1 not in picked and picked == list(range(picked[0], picked[0] + len(picked))))
+    assert (joined.data_ptr() == parts[0].data_ptr()) == consecutive

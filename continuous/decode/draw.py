@@ -19,7 +19,7 @@ import torch
 
 from ..models.scheduler import Work
 from ..samplers import Multinomial, RowDraws, Sampler, choose
-from ..transfer import to_host
+from ..transfer import cat_rows, to_host
 from .constraints import RowConstraints
 from .processors import Processor, Scores, shared
 from .rows import RowView
@@ -106,8 +106,8 @@ class Draw(Work):
     def run_all(draws: list["Draw"]) -> list["Drawn"]:
         """Choose the next tokens of every draw's rows at once (draws of one :attr:`key`)."""
         counts = [len(d.rows) for d in draws]
-        logits = _cat([d.logits for d in draws])
-        before = _cat([d.weights for d in draws])
+        logits = cat_rows([d.logits for d in draws])
+        before = cat_rows([d.weights for d in draws])
         scores = Scores(logits, before, draws[0].step, [v for d in draws for v in d.rows])
         for processor in shared([d.constraints for d in draws], draws[0].sentinel) + draws[0].after:
             processor(scores)
@@ -196,10 +196,6 @@ def _consume(draws: list[Draw], out: list[Drawn]) -> None:
                 RowConstraints.refresh_all([(c, drawn.consumed)])
             except Exception as exc:  # noqa: BLE001 - raised by its call
                 drawn.error = exc
-
-
-def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
 
 def _split(t: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, ...]:

@@ -13,7 +13,7 @@ from ..kv import CACHE_ARG, ForwardCache, JointRows, KVCache, StaticStepCache
 from .base import Stats, check_layout, stop_ids
 from .masks import attention_masks, check_supported, layer_windows, near, positions
 from ..prefix import PrefixCache, parse_bytes
-from ..transfer import to_device
+from ..transfer import cat_rows, to_device
 from .engine import Engine
 from .graphs import GraphTrees
 from .joint import Joint
@@ -197,8 +197,9 @@ class Transformers:
             # The same calls go on, every slot of theirs real: the last step's mask grows by the
             # new columns, each request's right-aligned (holes before a narrower one's).
             same = all(r.width == width for r in requests)
-            ids = None if dead or not same else _blocks_of_one([r.input_ids for r in requests], device)
-            if ids is None:
+            if same and not dead:  # most steps: the ids of one shared draw, forwarded as they are
+                ids = to_device(cat_rows([r.input_ids for r in requests]), device)
+            else:
                 pieces = [(at, _pad_left(to_device(r.input_ids, device), width)) for r, at in zip(requests, layout.at)]
                 pieces += [(a, torch.zeros((b - a, width), dtype=torch.long, device=device)) for a, b in dead]
                 pieces.sort(key=lambda p: p[0])
@@ -369,22 +370,6 @@ def _check_limit(value, name: str) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ValueError(f"{name} must be a positive int (or None: no limit), got {value!r}")
     return value
-
-
-def _blocks_of_one(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor | None:
-    """The tensor on ``device`` whose consecutive row blocks ``parts`` are, in order, as a view
-    (nothing copied), or ``None`` when they are not: the ids that one shared draw handed each
-    call, forwarded together again."""
-    first = parts[0]
-    base, stride, at = first._base, first.stride(), first.storage_offset()
-    if base is None or first.device != device:
-        return None
-    rows = 0
-    for p in parts:
-        if p._base is not base or p.storage_offset() != at + rows * stride[0] or p.stride() != stride:
-            return None
-        rows += p.shape[0]
-    return first.as_strided((rows, *first.shape[1:]), stride)
 
 
 def _pad_left(ids: torch.Tensor, width: int) -> torch.Tensor:

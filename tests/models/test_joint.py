@@ -217,16 +217,3 @@ def test_a_layout_hands_each_request_its_rows_past_rows_of_no_call():
     assert [b[:, 0].tolist() for b in blocks] == [[0, 1], [3], [5, 6, 7]]
     assert layout.dead == [(2, 3), (4, 5), (8, 10)]
 
-
-def test_ids_a_shared_draw_handed_each_call_are_forwarded_as_they_are_only_when_they_are_its_blocks_in_order():
-    from continuous.models.transformers import _blocks_of_one
-
-    drawn = torch.arange(7)
-    parts = list(drawn[:, None].split([2, 1, 4]))  # as a shared draw hands them out
-    together = _blocks_of_one(parts, drawn.device)
-    assert together.tolist() == drawn[:, None].tolist() and together.data_ptr() == drawn.data_ptr()
-    assert _blocks_of_one(parts[1:], drawn.device).tolist() == [[2], [3], [4], [5], [6]]
-    assert _blocks_of_one([parts[1], parts[0], parts[2]], drawn.device) is None  # stacked in another order
-    assert _blocks_of_one([parts[0], parts[2]], drawn.device) is None  # a call's rows between them
-    assert _blocks_of_one([parts[0], torch.arange(2, 3)[:, None]], drawn.device) is None  # not of one draw
-    assert _blocks_of_one([torch.zeros((2, 1), dtype=torch.long)], drawn.device) is None  # not a view
