@@ -22,15 +22,18 @@ def cat_rows(parts: list[torch.Tensor]) -> torch.Tensor:
     of one tensor, in order (what a split of it handed out: the calls of an engine step hand back
     the rows of the step before's tensors)."""
     first = parts[0]
-    base, stride, at = first._base, first.stride(), first.storage_offset()
-    if len(parts) == 1 or base is None:
-        return first if len(parts) == 1 else torch.cat(parts)
+    if len(parts) == 1:
+        return first
+    base, shape, stride, at = first._base, first.shape[1:], first.stride(), first.storage_offset()
+    if base is None:
+        return torch.cat(parts)
     rows = 0
     for p in parts:
-        if p._base is not base or p.storage_offset() != at + rows * stride[0] or p.stride() != stride:
-            return torch.cat(parts)
+        if (p._base is not base or p.storage_offset() != at + rows * stride[0] or p.stride() != stride
+                or p.shape[1:] != shape):
+            return torch.cat(parts)  # not one tensor's blocks (or blocks torch.cat refuses: it says why)
         rows += p.shape[0]
-    return first.as_strided((rows, *first.shape[1:]), stride)
+    return first.as_strided((rows, *shape), stride)
 
 
 def to_device(data, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:

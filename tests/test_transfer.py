@@ -43,3 +43,10 @@ def test_cat_rows_equals_cat_and_copies_nothing_only_for_consecutive_blocks_of_o
     assert torch.equal(joined, torch.cat(parts))
     consecutive = len(parts) == 1 or (-1 not in picked and picked == list(range(picked[0], picked[0] + len(picked))))
     assert (joined.data_ptr() == parts[0].data_ptr()) == consecutive
+
+
+def test_cat_rows_of_blocks_torch_cat_refuses_raises_as_torch_cat_does():
+    whole = torch.arange(12).view(6, 2)
+    narrow = whole[2:4, :1]  # one tensor's rows right after the first block, one column only
+    with pytest.raises(RuntimeError):
+        cat_rows([whole[:2], narrow])

@@ -71,7 +71,7 @@ class Draw(Work):
         ``consume(ids, dead) -> rows``: moves the call's matchers past the tokens its rows take
         (host ids, and 1 where a row had no token), leaving their masks unwritten; returns the
         rows moved. The masks of every draw's moved rows are then written at once, in one fill
-        (the call's step takes those rows on from there: :attr:`Drawn.consumed`).
+        (the call's step takes those rows on from there).
     """
 
     logits: torch.Tensor
@@ -166,7 +166,6 @@ class Drawn:
     dead: list[int]  # 1 where the row had no allowed token
     queued: Any = None  # what the draw's ``queue`` returned
     gained_h: list[float] | None = None  # ``gained`` on the host, for a draw that asked for it
-    consumed: list[int] | None = None  # the rows the draw's ``consume`` moved (``None``: none asked)
     error: Exception | None = None  # what consuming failed with: the call's own failure
 
     @property
@@ -183,17 +182,15 @@ def _consume(draws: list[Draw], out: list[Drawn]) -> None:
         if d.consume is None:
             continue
         try:
-            drawn.consumed = d.consume(drawn.ids_h, drawn.dead)
+            parts.append((d.constraints, d.consume(drawn.ids_h, drawn.dead), drawn))
         except Exception as exc:  # noqa: BLE001 - raised by its call
             drawn.error = exc
-        else:
-            parts.append((d.constraints, drawn))
     try:
-        RowConstraints.refresh_all([(c, drawn.consumed) for c, drawn in parts])
+        RowConstraints.refresh_all([(c, moved) for c, moved, _ in parts])
     except Exception:  # noqa: BLE001 - each part again, alone: one bad matcher fails only its call
-        for c, drawn in parts:
+        for c, moved, drawn in parts:
             try:
-                RowConstraints.refresh_all([(c, drawn.consumed)])
+                RowConstraints.refresh_all([(c, moved)])
             except Exception as exc:  # noqa: BLE001 - raised by its call
                 drawn.error = exc
 
