@@ -14,26 +14,67 @@ from typing import Callable
 
 import torch
 
-__all__ = ["cat_rows", "to_device", "to_host"]
+__all__ = ["cat_rows", "split_rows", "to_device", "to_host"]
+
+
+#: Rows of fewer bytes than this are copied: checking that they are one tensor's costs more.
+VIEW_BYTES = 1 << 18
+
+
+def split_rows(t: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, ...]:
+    """``t.split(counts)``, each block knowing where in ``t`` it lies: :func:`cat_rows` of the
+    blocks, in order, gives back ``t`` (or its rows) at once, with nothing checked on the device."""
+    if len(counts) == 1:
+        return (t,)
+    parts, at = t.split(counts), 0
+    for part, n in zip(parts, counts):
+        part._rows_of = (t, at, at + n)
+        at += n
+    return parts
 
 
 def cat_rows(parts: list[torch.Tensor]) -> torch.Tensor:
     """``torch.cat(parts)``; a view, with nothing copied, when the parts are consecutive row blocks
     of one tensor, in order (what a split of it handed out: the calls of an engine step hand back
-    the rows of the step before's tensors)."""
+    the rows of the step before's tensors): blocks of :func:`split_rows`, or blocks of at least
+    :data:`VIEW_BYTES` in all."""
     first = parts[0]
     if len(parts) == 1:
         return first
-    base, shape, stride, at = first._base, first.shape[1:], first.stride(), first.storage_offset()
-    if base is None:
-        return torch.cat(parts)
-    rows = 0
+    whole = _rows_of(parts)
+    if whole is not None:
+        return whole
+    if not first.dim() or first.nelement() * first.element_size() * len(parts) < VIEW_BYTES:
+        return torch.cat(parts)  # (scalars: torch.cat says why not)
+    # Told by addresses, not by ``_base``: the views of a tensor made in inference mode (a
+    # model's logits) have none.
+    shape, stride, dtype, at = first.shape[1:], first.stride(), first.dtype, first.data_ptr()
+    row_bytes, rows = stride[0] * first.element_size(), 0
     for p in parts:
-        if (p._base is not base or p.storage_offset() != at + rows * stride[0] or p.stride() != stride
-                or p.shape[1:] != shape):
+        if p.data_ptr() != at + rows * row_bytes or p.stride() != stride or p.shape[1:] != shape or p.dtype != dtype:
             return torch.cat(parts)  # not one tensor's blocks (or blocks torch.cat refuses: it says why)
         rows += p.shape[0]
-    return first.as_strided((rows, *shape), stride)
+    try:
+        # Only a tensor whose memory holds every part fits the view: parts of other tensors
+        # that merely follow it in memory make as_strided refuse.
+        return first.as_strided((rows, *shape), stride)
+    except RuntimeError:
+        return torch.cat(parts)
+
+
+def _rows_of(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """The rows of one tensor that ``parts`` are, in order, as :func:`split_rows` handed them out
+    (``None``: they are not)."""
+    origin = getattr(parts[0], "_rows_of", None)
+    if origin is None:
+        return None
+    whole, start, stop = origin
+    for p in parts[1:]:
+        origin = getattr(p, "_rows_of", None)
+        if origin is None or origin[0] is not whole or origin[1] != stop:
+            return None
+        stop = origin[2]
+    return whole if start == 0 and stop == whole.shape[0] else whole[start:stop]
 
 
 def to_device(data, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 
 from ..models.scheduler import Work
 from ..samplers import Multinomial, RowDraws, Sampler, choose
-from ..transfer import cat_rows, to_host
+from ..transfer import cat_rows, split_rows, to_host
 from .constraints import RowConstraints
 from .processors import Processor, Scores, shared
 from .rows import RowView
@@ -126,7 +126,7 @@ class Draw(Work):
                        *([gained] if any(d.logprobs for d in draws) else []))
         # Each draw's rows of the ids (as the next forward takes them) and weights, as views made
         # together (the other tensors are taken apart only where read: most steps never read them).
-        parts = list(zip(_split(ids[:, None], counts), _split(weights, counts)))
+        parts = list(zip(split_rows(ids[:, None], counts), split_rows(weights, counts)))
         # Queued behind the copy, the next steps run on the device while the host waits for it.
         queued = [d.queue(part[0]) if d.queue is not None else None for d, part in zip(draws, parts)]
         host, *gained_h = read()
@@ -193,10 +193,6 @@ def _consume(draws: list[Draw], out: list[Drawn]) -> None:
                 RowConstraints.refresh_all([(c, moved)])
             except Exception as exc:  # noqa: BLE001 - raised by its call
                 drawn.error = exc
-
-
-def _split(t: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, ...]:
-    return (t,) if len(counts) == 1 else t.split(counts)
 
 
 def _draws(draws: list[Draw]):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from operator import itemgetter
 
 import torch
 
@@ -39,7 +38,8 @@ class Layout:
     ``(first, stop)`` runs, forwarded with the others and never read).
     ``kept`` says that the step continues the last one, whose stacked attention mask of the
     cached slots is ``mask`` (``None``: every slot real); else the mask is made again from
-    the requests' own."""
+    the requests' own. ``runs`` (made once, and kept by the steps that continue it) is how
+    the rows split: per run of rows its size, each request's run, and the dead runs."""
 
     requests: list[Request]
     cache: KVCache | None
@@ -49,29 +49,34 @@ class Layout:
     rows: int
     kept: bool = False
     mask: torch.Tensor | None = None
+    runs: tuple[list[int], list[int], list[tuple[int, int]]] | None = None
+
+    def split(self) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+        """``runs``, made if not yet."""
+        if self.runs is None:
+            sizes, run_of, dead, row = [], [], [], 0
+            for r, at in zip(self.requests, self.at):
+                if at > row:
+                    dead.append((row, at))
+                    sizes.append(at - row)
+                run_of.append(len(sizes))
+                sizes.append(r.batch_rows)
+                row = at + r.batch_rows
+            if row < self.rows:
+                dead.append((row, self.rows))
+                sizes.append(self.rows - row)
+            self.runs = (sizes, run_of, dead)
+        return self.runs
 
     def blocks(self, t: torch.Tensor) -> list[torch.Tensor]:
         """Each request's rows of ``t`` (``[rows, ...]``, in stacked order), as views made at once."""
-        sizes, block_of, row = [], [], 0
-        for r, at in zip(self.requests, self.at):
-            if at > row:
-                sizes.append(at - row)
-            block_of.append(len(sizes))
-            sizes.append(r.batch_rows)
-            row = at + r.batch_rows
-        if row < t.shape[0]:
-            sizes.append(t.shape[0] - row)
+        sizes, run_of, _ = self.split()
         parts = t.split(sizes)
-        return [parts[i] for i in block_of]
+        return [parts[i] for i in run_of]
 
     @property
     def dead(self) -> list[tuple[int, int]]:
-        runs, row = [], 0
-        for r, at in zip(self.requests, self.at):
-            if at > row:
-                runs.append((row, at))
-            row = at + r.batch_rows
-        return runs + ([(row, self.rows)] if row < self.rows else [])
+        return self.split()[2]
 
 
 class Joint:
@@ -92,8 +97,12 @@ class Joint:
         self.cache: KVCache | None = None
         self.mask: torch.Tensor | None = None  # the stacked cache's attention mask (None: every slot real)
         self.rows = 0  # the stacked cache's rows, those of calls that left included
-        # engine call id -> (the rows it was handed, weakly; their first row)
-        self.members: dict[int, tuple[weakref.ref, int]] = {}
+        # In row order: each call's engine id, the rows it was handed (weakly) and its first row.
+        self.calls: list[int] = []
+        self.refs: list[weakref.ref] = []
+        self.at: list[int] = []
+        self.runs = None  # the last step's Layout.runs (None once a call left)
+        self._room: torch.Tensor | None = None  # the mask, then ones: what later steps' masks are views of
 
     def layout(self, requests: list[Request]) -> Layout:
         """The stacked rows of ``requests``: the kept ones when they continue the last step."""
@@ -118,22 +127,36 @@ class Joint:
         """The last step's layout when ``requests`` continue it: the same calls, each with the
         very rows it was handed, most rows live, and the stacked cache :func:`~continuous.layout.dense` for its
         longest call (a prefill beside decode steps leaves the others' rows holes every later step attends over)."""
-        if self.cache is None or len(requests) != len(self.members):
+        if self.cache is None or len(requests) != len(self.calls):
             return None
-        placed, live, longest = [], 0, 0
-        for r in requests:
-            member = self.members.get(r.call)
-            if member is None or r.cache is None or member[0]() is not r.cache:
+        if [r.call for r in requests] != self.calls:  # most steps come in the stacked order already
+            place = {call: i for i, call in enumerate(self.calls)}
+            requests = sorted(requests, key=lambda r: place.get(r.call, -1))
+            if [r.call for r in requests] != self.calls:
                 return None
-            placed.append((member[1], r))
+        live, longest = 0, 0
+        for r, ref in zip(requests, self.refs):
+            if r.cache is None or ref() is not r.cache:
+                return None
             live += r.batch_rows
             longest = max(longest, r.cache.length)
         if 2 * live < self.rows or not dense(self.cache.length, longest):
             return None
-        placed.sort(key=itemgetter(0))
-        ordered = [r for _, r in placed]
-        return Layout(ordered, self.cache, [r.cache.slots for r in ordered], self.cache.length,
-                      [at for at, _ in placed], self.rows, True, self.mask)
+        return Layout(requests, self.cache, [r.cache.slots for r in requests], self.cache.length, self.at,
+                      self.rows, True, self.mask, self.runs)
+
+    def mask_after(self, mask: torch.Tensor | None, width: int) -> torch.Tensor | None:
+        """``mask`` (the kept step's, ``None``: every slot real) followed by ``width`` columns of
+        ones, as a view of a tensor with room for more: a step makes no tensor for it."""
+        if mask is None:
+            return None
+        (rows, length), room = mask.shape, self._room
+        if (room is None or room.data_ptr() != mask.data_ptr() or room.shape[0] != rows
+                or room.shape[1] < length + width):
+            room = mask.new_ones((rows, 2 * (length + width)))
+            room[:, :length] = mask
+            self._room = room
+        return room[:, : length + width]
 
     def keep(self, layout: Layout, cache: KVCache, returned: list[JointRows], mask: torch.Tensor | None) -> None:
         """After the step: ``cache`` is the stacked cache, ``returned`` the calls' rows of it,
@@ -146,24 +169,32 @@ class Joint:
         if None in calls or len(set(calls)) < len(calls):
             self.forget()
             return
-        members = {r.call: (weakref.ref(own), at) for r, own, at in zip(layout.requests, returned, layout.at)}
-        self.cache, self.members, self.mask, self.rows = cache, members, mask, layout.rows
+        self.cache, self.mask, self.rows, self.runs = cache, mask, layout.rows, layout.split()
+        self.calls, self.at, self.refs = calls, layout.at, [weakref.ref(own) for own in returned]
 
     def leave(self, call: int) -> None:
         """A call ended: the rows it was handed are copied out (its final state owns its cache);
         they stay in the stacked cache as rows of no call, which the others' steps forward and
         never read (the last call to leave drops the stacked cache)."""
-        member = self.members.pop(call, None)
-        if member is not None and (own := member[0]()) is not None:
+        if call not in self.calls:
+            return
+        i = self.calls.index(call)
+        own = self.refs[i]()
+        # New lists: a layout made from the old ones may still be read.
+        self.calls, self.refs, self.at = (x[:i] + x[i + 1 :] for x in (self.calls, self.refs, self.at))
+        self.runs = None  # its rows are dead rows now
+        if own is not None:
             own.settle()
-        if member is not None and not self.members:
+        if not self.calls:
             self.forget()
 
     def forget(self, stacked_again: set[int] = frozenset()) -> None:
         """Drop the last step's stacked cache; the rows of it that a call still holds are copied
         out, so that the stacked buffer is freed (but those about to be stacked again, by the
         ids of the caches: the stack copies them)."""
-        members, self.cache, self.members, self.mask, self.rows = self.members, None, {}, None, 0
-        for ref, _ in members.values():
+        refs = self.refs
+        self.cache, self.mask, self.rows, self.runs, self._room = None, None, 0, None, None
+        self.calls, self.refs, self.at = [], [], []
+        for ref in refs:
             if (own := ref()) is not None and id(own) not in stacked_again:
                 own.settle()

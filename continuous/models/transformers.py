@@ -206,9 +206,7 @@ class Transformers:
                 ids = torch.cat([t for _, t in pieces]) if len(pieces) > 1 else pieces[0][1]
             n_real = sum(r.batch_rows * r.width for r in requests)
             if same:
-                if layout.mask is None:
-                    return ids, None, n_real
-                return ids, torch.cat([layout.mask, layout.mask.new_ones((layout.rows, width))], 1), n_real
+                return ids, self.joint.mask_after(layout.mask, width), n_real
             new = [[1] * width] * layout.rows  # rows of no call: attended over, never read
             for r, at in zip(requests, layout.at):
                 new[at : at + r.batch_rows] = [[0] * (width - r.width) + [1] * r.width] * r.batch_rows

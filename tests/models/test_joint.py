@@ -217,3 +217,18 @@ def test_a_layout_hands_each_request_its_rows_past_rows_of_no_call():
     assert [b[:, 0].tolist() for b in blocks] == [[0, 1], [3], [5, 6, 7]]
     assert layout.dead == [(2, 3), (4, 5), (8, 10)]
 
+
+
+def test_a_kept_step_s_mask_is_the_last_one_then_ones_in_one_tensor_with_room_for_more():
+    joint = joint_module.Joint()
+    assert joint.mask_after(None, 1) is None  # every slot real: no mask at all
+    given = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    mask, seen = given, set()
+    for step in range(12):  # past the room made at first: made again, larger
+        mask = joint.mask_after(mask, 1 + step % 2)
+        seen.add(mask.data_ptr())
+        assert mask.tolist() == [[0] + [1] * (mask.shape[1] - 1), [1] * mask.shape[1]]
+    assert mask.shape[1] == 3 + 6 * 1 + 6 * 2 and len(seen) < 4
+    assert given.tolist() == [[0, 1, 1], [1, 1, 1]]  # never written
+    other = torch.tensor([[1, 0], [1, 1]])  # not the kept step's: its own room
+    assert joint.mask_after(other, 1).tolist() == [[1, 0, 1], [1, 1, 1]]

@@ -327,7 +327,7 @@ def test_after_the_calls_end_the_model_holds_no_cache_of_theirs(hf_model, tokeni
     states = asyncio.run(together())
     engine = model.engine
     assert not engine.table.calls and not engine.table.waiting and engine.table.rows == engine.table.kv == 0
-    assert model.joint.cache is None and not model.joint.members
+    assert model.joint.cache is None and not model.joint.calls
     assert all(_own_rows_only(s) for s in states)
     assert model.stats.calls_running == model.stats.calls_waiting == model.stats.kv_bytes_in_use == 0
     assert model.stats.steps > 0 and model.stats.rows_per_step >= 1
