@@ -41,7 +41,7 @@ def cat_rows(parts: list[torch.Tensor]) -> torch.Tensor:
     first = parts[0]
     if len(parts) == 1:
         return first
-    whole = _rows_of(parts)
+    whole = _whole_of(parts)
     if whole is not None:
         return whole
     if not first.dim() or first.nelement() * first.element_size() * len(parts) < VIEW_BYTES:
@@ -62,7 +62,7 @@ def cat_rows(parts: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat(parts)
 
 
-def _rows_of(parts: list[torch.Tensor]) -> torch.Tensor | None:
+def _whole_of(parts: list[torch.Tensor]) -> torch.Tensor | None:
     """The rows of one tensor that ``parts`` are, in order, as :func:`split_rows` handed them out
     (``None``: they are not)."""
     origin = getattr(parts[0], "_rows_of", None)
