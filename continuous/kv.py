@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import weakref
 
 import torch
 from transformers import GenerationMixin
@@ -255,7 +256,11 @@ class ForwardCache(Cache):
                 capacity = max(capacity, 2 * src.capacity)  # growing the tip: amortized doubling
             self._buffer = _gather(src, None, None, cache.length, capacity)
             self._buffer.filled = self.end
-        super().__init__(layers=[_Layer(self, i, sliding) for i, sliding in enumerate(layer_kinds)])
+        # The layers reach this cache through a weak proxy: a cycle would keep the buffer (the KV
+        # memory) of a state dropped since until the garbage collector next runs, which an idle
+        # process may not do for a long time.
+        owner = weakref.proxy(self)
+        super().__init__(layers=[_Layer(owner, i, sliding) for i, sliding in enumerate(layer_kinds)])
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.start

@@ -1,6 +1,9 @@
 """The local KV cache is a value: crop and select never change another view; the tip appends in place."""
 
+import asyncio
+import gc
 import threading
+import weakref
 
 import torch
 from hypothesis import given, settings
@@ -36,6 +39,26 @@ def test_tip_appends_in_place_and_older_views_stay_valid():
     c, fc = fill(a, 1, 1, 3)
     assert fc._buffer is not a._buffer
     assert keys(b)[0, 0, -1, 0] == 2 and keys(c)[0, 0, -1, 0] == 3
+
+
+def test_the_memory_of_a_dropped_state_is_freed_at_once_without_the_garbage_collector(model):
+    """A forward leaves no reference cycle holding its buffer: an idle process may not collect
+    garbage for a long time, and the buffer is the KV memory."""
+    gen = continuous(generate.text(model))
+
+    async def burst():  # merged steps too
+        return await asyncio.gather(*[gen.acall(p, max_tokens=8) for p in ("Hello", "Once upon a time")])
+
+    gc.collect()
+    gc.disable()
+    try:
+        for make in (lambda: [gen(["Hello there", "A list: 1, 2,"], max_tokens=8)], lambda: asyncio.run(burst())):
+            states = make()
+            memory = [weakref.ref(s._rows.cache._buffer.keys[0]) for s in states]
+            del states
+            assert all(m() is None for m in memory)
+    finally:
+        gc.enable()
 
 
 def test_decoding_does_not_copy_per_token():
