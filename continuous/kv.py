@@ -381,7 +381,8 @@ class Slots:
 
     Merged steps append each call's new slots as a run right after the last one, so a
     call's slots grow by extending ``tail``, with no tensor made per step; :meth:`tensor`
-    makes them one tensor when something reads them.
+    makes them one tensor when something reads them. A value, never changed: the calls that
+    hold the same slots (stacked together) share one.
     """
 
     __slots__ = ("base", "tail", "_based")
@@ -467,8 +468,19 @@ class JointRows(KVCache):
             own, source = self._own, self._source
         if own is not None:
             return own.keys[index][:, :, : self.length], own.values[index][:, :, : self.length]
-        return (source.keys[index][self._rows].index_select(2, self._slots),
-                source.values[index][self._rows].index_select(2, self._slots))
+        return self._gathered(source.keys[index]), self._gathered(source.values[index])
+
+    def _gathered(self, t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows' slots of the stacked layer ``t``, into ``out`` if given: a run of slots (most
+        calls: their slots never left the stacked buffer's order) is one strided copy, with no
+        index made."""
+        rows = t.narrow(0, self._rows.start, self.rows)
+        if not self.slots._based:
+            run = rows.narrow(2, self.slots.tail.start, self.length)
+            return run.clone() if out is None else out.copy_(run)
+        if out is None:
+            return rows.index_select(2, self._slots)
+        return torch.index_select(rows, 2, self._slots, out=out)
 
     def settle(self) -> _Buffer:
         """The rows' own buffer, copied out on the first call (the stacked one is then no longer held)."""
@@ -479,7 +491,7 @@ class JointRows(KVCache):
                     for keys, values in zip(self._source.keys, self._source.values):
                         for layer, t in ((own.keys, keys), (own.values, values)):
                             out = t.new_zeros((self.rows, t.shape[1], own.capacity, t.shape[3]))
-                            torch.index_select(t[self._rows], 2, self._slots, out=out[:, :, : self.length])
+                            self._gathered(t, out.narrow(2, 0, self.length))
                             layer.append(out)
                 own.filled = self.length
                 self._own, self._source = own, None

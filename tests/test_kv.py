@@ -177,3 +177,34 @@ def test_stacking_calls_rows_of_a_stacked_buffer_again_keeps_each_call_s_slots(p
                 assert torch.equal(g[at : at + n, :, : cache.length], w)
                 assert torch.isfinite(g[at : at + n]).all()
         at += n
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 3), st.integers(1, 3), st.sets(st.integers(0, 7), max_size=5), st.integers(0, 6), st.integers(1, 6))
+def test_a_call_s_rows_of_a_stacked_buffer_read_and_settled_hold_its_slots_in_order(first, n, scattered, start, run):
+    """A call's rows of a stacked buffer (slots: a few scattered ones then a run, or a run alone)
+    read the same, whether read in place or once copied into their own buffer; the copy has room
+    for the next slot, and zeros past the call's slots."""
+    from continuous.kv import JointRows, Slots
+
+    source, _ = fill(None, first + n + 1, 16, 0)
+    with torch.inference_mode():
+        for layer in range(2):  # every slot of every row a different number
+            for t in (source._buffer.keys[layer], source._buffer.values[layer]):
+                t.copy_(torch.arange(t.numel(), dtype=t.dtype).reshape(t.shape) + (layer + 1) * 1000)
+    base = torch.tensor(sorted(scattered), dtype=torch.long)
+    slots = Slots(base if len(base) else None, range(8 + start, 8 + start + run))
+    order = torch.cat([base, torch.arange(8 + start, 8 + start + run)])
+    rows = JointRows(source._buffer, slice(first, first + n), slots)
+    assert rows.length == len(order)
+    want = [(t[first : first + n][:, :, order].clone(), u[first : first + n][:, :, order].clone())
+            for t, u in zip(source._buffer.keys, source._buffer.values)]
+    for layer in range(2):
+        for w, g in zip(want[layer], rows.layer(layer)):
+            assert torch.equal(g, w)
+    own = rows.settle()
+    assert own.capacity > rows.length and own.rows == n
+    for layer in range(2):
+        for w, g, whole in zip(want[layer], rows.layer(layer), (own.keys[layer], own.values[layer])):
+            assert torch.equal(g, w)
+            assert not whole[:, :, rows.length :].any()

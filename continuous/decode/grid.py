@@ -111,7 +111,8 @@ class Grid:
         tokens back, leaving holes.
         """
         if all(len(c) == 1 for c in chunks):
-            return self._append_one([c[0] for c in chunks], rewound)
+            slot = self.append_one([c[0] for c in chunks], rewound)
+            return [range(slot, slot + 1)] * len(chunks), [[c[0]] for c in chunks]
         width = max(len(c) for c in chunks)
         real = [[j >= width - len(c) for j in range(width)] for c in chunks]
         ids = [[c[j - width + len(c)] if ok[j] else self.pad for j in range(width)] for c, ok in zip(chunks, real)]
@@ -131,18 +132,20 @@ class Grid:
             self.trailing = [not c for c in chunks]
         return slots, ids
 
-    def _append_one(self, ids: list[int], rewound: bool) -> tuple[list[range], list[list[int]]]:
-        """:meth:`append` of one token per row (most steps): a column with no hole, so the
-        device mask grows by ones whether or not the tokens are the sampled ones."""
+    def append_one(self, ids: list[int], rewound: bool) -> int:
+        """:meth:`append` of one token per row (most steps), ``ids``; returns their slot. A
+        column with no hole: the device mask grows by ones whether or not the tokens are the
+        sampled ones."""
         slot = len(self.columns)
         self.columns.append(ids)
         self.reals.append([True] * len(ids))
         self.last_real = self._ones
         self._ones_after += 1
-        self.all_real = self.all_real and not rewound
-        self.holes = self.holes or rewound or any(self.trailing)
+        if rewound:
+            self.all_real = False
+        self.holes = self.holes or rewound or True in self.trailing
         self.trailing = [False] * len(ids)
-        return [range(slot, slot + 1)] * len(ids), [[t] for t in ids]
+        return slot
 
     def layout(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The host token ids and attention mask of every slot, the generated columns included."""

@@ -232,10 +232,17 @@ class Decoding:
         forwarded, whether the step is plain (one sampled token per row, as sampled: the forward
         takes the ids where they already are, with no host-to-device copy that would wait for the
         device), and the new ids."""
+        rows = self.batch.rows
+        rewound = any(row.history.rewinds for row in rows)
+        if not (drafts and any(drafts)) and all(len(c) == 1 for c in chunks):  # most steps: one token a row
+            tokens = [c[0] for c in chunks]
+            slot = self.grid.append_one(tokens, rewound)
+            for row in rows:
+                row.history.slots.append(slot)
+            return chunks, tokens == ids, chunks
         sent = [c + d for c, d in zip(chunks, drafts)] if drafts and any(drafts) else chunks
         plain = all(len(c) == 1 and c[0] == t for c, t in zip(sent, ids))
-        rows = self.batch.rows
-        slots, new_ids = self.grid.append(sent, plain, any(row.history.rewinds for row in rows))
+        slots, new_ids = self.grid.append(sent, plain, rewound)
         for row, taken, chunk in zip(rows, slots, chunks):
             row.history.slots.extend(taken[: len(chunk)])  # drafted slots join once kept
         return sent, plain, new_ids

@@ -180,10 +180,13 @@ class Transformers:
         ids, mask, n_real = self._joint_inputs(layout, width)
         keep = max(r.logits_to_keep for r in requests)
         logits, cache = self._run_one(Request(ids, mask, layout.cache, keep, n_real, True), self.joint.compiled)
-        out, buffer = {}, cache._buffer
+        out, buffer, then = {}, cache._buffer, {}
         for r, slots, at, block in zip(layout.requests, layout.slots, layout.at, layout.blocks(logits)):
-            own = JointRows(buffer, slice(at, at + r.batch_rows), slots.then(range(start + width - r.width,
-                                                                                   start + width)))
+            # Calls stacked together hold one Slots object, and go on sharing one: made once a step.
+            key = (id(slots), r.width)
+            if key not in then:
+                then[key] = slots.then(range(start + width - r.width, start + width))
+            own = JointRows(buffer, slice(at, at + r.batch_rows), then[key])
             out[id(r)] = (block if r.logits_to_keep == keep else block[:, keep - r.logits_to_keep :], own)
         self.joint.keep(layout, cache, [out[id(r)][1] for r in layout.requests], mask)
         return [out[id(r)] for r in requests]
