@@ -468,19 +468,8 @@ class JointRows(KVCache):
             own, source = self._own, self._source
         if own is not None:
             return own.keys[index][:, :, : self.length], own.values[index][:, :, : self.length]
-        return self._gathered(source.keys[index]), self._gathered(source.values[index])
-
-    def _gathered(self, t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The rows' slots of the stacked layer ``t``, into ``out`` if given: a run of slots (most
-        calls: their slots never left the stacked buffer's order) is one strided copy, with no
-        index made."""
-        rows = t.narrow(0, self._rows.start, self.rows)
-        if not self.slots._based:
-            run = rows.narrow(2, self.slots.tail.start, self.length)
-            return run.clone() if out is None else out.copy_(run)
-        if out is None:
-            return rows.index_select(2, self._slots)
-        return torch.index_select(rows, 2, self._slots, out=out)
+        return (source.keys[index][self._rows].index_select(2, self._slots),
+                source.values[index][self._rows].index_select(2, self._slots))
 
     def settle(self) -> _Buffer:
         """The rows' own buffer, copied out on the first call (the stacked one is then no longer held)."""
@@ -491,7 +480,7 @@ class JointRows(KVCache):
                     for keys, values in zip(self._source.keys, self._source.values):
                         for layer, t in ((own.keys, keys), (own.values, values)):
                             out = t.new_zeros((self.rows, t.shape[1], own.capacity, t.shape[3]))
-                            self._gathered(t, out.narrow(2, 0, self.length))
+                            torch.index_select(t[self._rows], 2, self._slots, out=out[:, :, : self.length])
                             layer.append(out)
                 own.filled = self.length
                 self._own, self._source = own, None
