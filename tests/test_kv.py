@@ -29,6 +29,14 @@ def keys(cache, layer=0):
     return cache._buffer.keys[layer][:, :, : cache.length]
 
 
+def numbered(cache):
+    """Write a different number in every slot of every row of ``cache``'s 2 layers."""
+    with torch.inference_mode():
+        for layer in range(2):
+            for t in (cache._buffer.keys[layer], cache._buffer.values[layer]):
+                t.copy_(torch.arange(t.numel(), dtype=t.dtype).reshape(t.shape) + (layer + 1) * 1000)
+
+
 def test_tip_appends_in_place_and_older_views_stay_valid():
     a, _ = fill(None, 1, 5, 1)
     b, fc = fill(a, 1, 1, 2)
@@ -153,10 +161,7 @@ def test_stacking_calls_rows_of_a_stacked_buffer_again_keeps_each_call_s_slots(p
 
     total = sum(n for n, _, _ in parts)
     source, _ = fill(None, total, 16, 0)
-    with torch.inference_mode():
-        for layer in range(2):  # every slot of every row a different number
-            for t in (source._buffer.keys[layer], source._buffer.values[layer]):
-                t.copy_(torch.arange(t.numel(), dtype=t.dtype).reshape(t.shape) + (layer + 1) * 1000)
+    numbered(source)
     caches, at = [], 0
     for n, scattered, run in parts:
         base = torch.tensor(sorted(scattered), dtype=torch.long)
@@ -188,10 +193,7 @@ def test_a_call_s_rows_of_a_stacked_buffer_read_and_settled_hold_its_slots_in_or
     from continuous.kv import JointRows, Slots
 
     source, _ = fill(None, first + n + 1, 16, 0)
-    with torch.inference_mode():
-        for layer in range(2):  # every slot of every row a different number
-            for t in (source._buffer.keys[layer], source._buffer.values[layer]):
-                t.copy_(torch.arange(t.numel(), dtype=t.dtype).reshape(t.shape) + (layer + 1) * 1000)
+    numbered(source)
     base = torch.tensor(sorted(scattered), dtype=torch.long)
     slots = Slots(base if len(base) else None, range(8 + start, 8 + start + run))
     order = torch.cat([base, torch.arange(8 + start, 8 + start + run)])

@@ -141,9 +141,8 @@ class Grid:
         self.reals.append([True] * len(ids))
         self.last_real = self._ones
         self._ones_after += 1
-        if rewound:
-            self.all_real = False
-        self.holes = self.holes or rewound or True in self.trailing
+        self.all_real = self.all_real and not rewound
+        self.holes = self.holes or rewound or any(self.trailing)
         self.trailing = [False] * len(ids)
         return slot
 

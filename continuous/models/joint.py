@@ -121,8 +121,8 @@ class Joint:
         cache = stack([r.cache for r in requests] + pad, [r.batch_rows for r in requests] + [rows - live] * len(pad),
                       max(r.width for r in requests))
         at = [sum(r.batch_rows for r in requests[:i]) for i in range(len(requests))]
-        runs = {n: Slots(None, range(n)) for n in set(lengths)}  # shared by the calls of one length
-        return Layout(requests, cache, [runs[n] for n in lengths], max(lengths), at, rows)
+        slots_of = {n: Slots(None, range(n)) for n in set(lengths)}  # shared by the calls of one length
+        return Layout(requests, cache, [slots_of[n] for n in lengths], max(lengths), at, rows)
 
     def _kept(self, requests: list[Request]) -> Layout | None:
         """The last step's layout when ``requests`` continue it: the same calls, each with the
