@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 import traceback
+import weakref
 from typing import Callable, Generator
 
 from .scheduler import PREFILL_CHUNK, Request, Work, split
@@ -80,6 +81,9 @@ class Engine:
         self.last_forward = 0.0
         self.host = 0.0  # host seconds since the last step that forwarded
         self.woken: list = []  # (event loop, future) of async consumers to tell (see _tell)
+        # Per event loop, the asks of its consumers not yet made (see _ask_later); weakly, as a loop
+        # closed before it ran them never will.
+        self._asked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.thread: threading.Thread | None = None
 
     # -- direct forwards ---------------------------------------------------------------
@@ -132,10 +136,7 @@ class Engine:
                 future.set_result(None)
             else:
                 call.wakers.append((loop, future))
-                # Asked once the tasks ready now have run, and the engine woken after that: the calls
-                # that a burst (``asyncio.gather``) submits together start together, in one prefill,
-                # not the first alone while the others are still being tokenized.
-                loop.call_soon(self._ask_soon, loop, call, what)
+                self._ask_later(loop, call, what)
         await future
         with self.cond:
             return self._answer(call, what)
@@ -172,10 +173,23 @@ class Engine:
         if wake:
             self.cond.notify_all()
 
-    def _ask_soon(self, loop: asyncio.AbstractEventLoop, call: Call, what: str) -> None:
+    def _ask_later(self, loop: asyncio.AbstractEventLoop, call: Call, what: str) -> None:
+        """Ask for ``call`` once the tasks of ``loop`` ready now have run (with the lock held): the calls
+        that a burst (``asyncio.gather``) submits together start together, in one prefill, not the
+        first alone while the others are still being tokenized; and the streams handed a piece by a
+        step ask for the next one together, with one lock and one wake of the engine, not one each."""
+        if loop not in self._asked:
+            self._asked[loop] = []
+            loop.call_soon(self._ask_all, loop)
+        self._asked[loop].append((call, what))
+
+    def _ask_all(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Make the asks :meth:`_ask_later` kept for ``loop``, then wake the engine thread once."""
         with self.cond:
-            self._ask(call, what, wake=False)
-        loop.call_soon(self._wake_thread)
+            for call, what in self._asked.pop(loop, ()):
+                self._ask(call, what, wake=False)
+            self._start_thread()
+            self.cond.notify_all()
 
     def _wake_thread(self) -> None:
         """Start or wake the engine thread: async consumers wait for a step."""

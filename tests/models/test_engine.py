@@ -118,6 +118,29 @@ def test_the_calls_of_an_asyncio_burst_start_together_in_one_prefill(backend):
     assert len(backend.forwards) == 3 and sorted(log) == ["a", "b", "c"]
 
 
+def test_the_consumers_that_ask_in_one_turn_of_their_event_loop_wake_the_engine_once(backend):
+    """The streams handed a piece by a step ask for the next one in one turn of their event loop:
+    their asks are made together, once every task ready then has run, with one wake of the engine
+    (each waking it would have it check, and wait again, once per stream)."""
+    engine, _ = _engine(backend)
+    calls = [engine.submit(_call(name, 2, 2, []), rows=1) for name in "abc"]
+    wakes = []
+    engine._start_thread = lambda: wakes.append([c.demand for c in calls])
+
+    async def turns():
+        tasks = [asyncio.ensure_future(engine.anext(c, PIECE)) for c in calls]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert wakes == [[PIECE] * 3]  # asked together, then woken once
+        while not all(t.done() for t in tasks):
+            engine.step()
+            await asyncio.sleep(0)
+        return [t.result() for t in tasks]
+
+    assert asyncio.run(turns()) == [["a0"], ["b0"], ["c0"]]
+    assert len(wakes) == 1
+
+
 def test_a_consumer_whose_event_loop_is_closed_holds_no_step_back(backend):
     """A call whose async consumer's loop closed (the consumer gave up) ends as the others do: there is
     nobody to tell, and the step goes on."""
