@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..engines import Watch, bits, fill_rows
@@ -132,10 +133,15 @@ class RowConstraints:
         singles, rows_of = bits.only_rows(block), block.numpy()
         at = 0
         for c, rows in parts:
-            c.bitmask.numpy()[rows] = rows_of[at : at + len(rows)]  # in place: a pinned buffer stays pinned
-            for r in rows:
-                c.single[r] = singles[at]
-                at += 1
+            n, own = len(rows), c.bitmask.numpy()  # written in place: a pinned buffer stays pinned
+            if n == len(own) and rows == list(range(n)):  # every row, in order (most steps): no index
+                np.copyto(own, rows_of[at : at + n])
+                c.single[:] = singles[at : at + n]
+            else:
+                own[rows] = rows_of[at : at + n]
+                for r, single in zip(rows, singles[at : at + n]):
+                    c.single[r] = single
+            at += n
 
     def rollback(self, row: int, n: int) -> None:
         """Undo a row's last ``n`` tokens."""

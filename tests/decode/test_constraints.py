@@ -64,9 +64,13 @@ def test_free_text_allows_everything(tokenizer):
 
 
 def test_rows_of_several_calls_consumed_then_refreshed_together_equal_each_advanced_alone(tokenizer):
-    calls = [_constraints(tokenizer, "[0-9]+x", rows=3), _constraints(tokenizer, "(ab|cd)e", rows=2)]
-    alone = [_constraints(tokenizer, "[0-9]+x", rows=3), _constraints(tokenizer, "(ab|cd)e", rows=2)]
-    steps = [[(0, "1"), (2, "7")], [(1, "c")]]  # some rows of each call move, the others stay
+    def made():
+        return [_constraints(tokenizer, "[0-9]+x", rows=3), _constraints(tokenizer, "(ab|cd)e", rows=2),
+                _constraints(tokenizer, "[0-9]+x", rows=2), _constraints(tokenizer, "(ab|cd)e", rows=2)]
+
+    calls, alone = made(), made()
+    # Some rows of a call move and the others stay; every row moves, in order; every row, out of order.
+    steps = [[(0, "1"), (2, "7")], [(1, "c")], [(0, "4"), (1, "2")], [(1, "c"), (0, "a")]]
     parts = []
     for c, a, moves in zip(calls, alone, steps):
         for r, text in moves:
