@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from ..engines import Watch, bits, fill_rows
@@ -134,13 +133,10 @@ class RowConstraints:
         at = 0
         for c, rows in parts:
             n, own = len(rows), c.bitmask.numpy()  # written in place: a pinned buffer stays pinned
-            if n == len(own) and rows == list(range(n)):  # every row, in order (most steps): no index
-                np.copyto(own, rows_of[at : at + n])
-                c.single[:] = singles[at : at + n]
-            else:
-                own[rows] = rows_of[at : at + n]
-                for r, single in zip(rows, singles[at : at + n]):
-                    c.single[r] = single
+            every = rows == list(range(len(own)))  # every row, in order (most steps): a slice, not an index
+            own[slice(None) if every else rows] = rows_of[at : at + n]
+            for r, single in zip(rows, singles[at : at + n]):
+                c.single[r] = single
             at += n
 
     def rollback(self, row: int, n: int) -> None:

@@ -188,8 +188,7 @@ class Engine:
         with self.cond:
             for call, what in self._asked.pop(loop, ()):
                 self._ask(call, what, wake=False)
-            self._start_thread()
-            self.cond.notify_all()
+            self._wake_thread()
 
     def _wake_thread(self) -> None:
         """Start or wake the engine thread: async consumers wait for a step."""
