@@ -14,6 +14,10 @@ for JSON, with:
 - whether every concurrent call's text equals the same call run alone;
 - ``streams``: the same text calls as streams, read with ``async for`` and as the server
   reads them, against the batched call (``*_vs_one_call``);
+- where the host time falls (``timeline_ms``, medians of the reps): before the first forward,
+  between forwards, after the last one; and what each concurrent call costs more than its
+  rows in the batched call (``extra_us_per_call``): once at its start, at each step, once at
+  its end;
 - where the host time goes (``breakdown``, µs per row per step), from one more run of each
   with timers around the host phases (the timers' own cost included, so it is measured
   apart from the figures above): the logits processors, the constraint's mask (filled on
@@ -49,10 +53,12 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 
 class ForwardClock:
-    """Seconds spent inside the HF module's forward passes (hooks around its ``forward``)."""
+    """Seconds spent inside the HF module's forward passes (hooks around its ``forward``), and when
+    each one began and ended (``spans``)."""
 
     def __init__(self, hf):
         self.seconds, self._start = 0.0, 0.0
+        self.spans: list[tuple[float, float]] = []
         # Kept out of compiled graphs: traced, each new time would be a new constant (a recompile).
         hf.register_forward_pre_hook(torch.compiler.disable(self._enter))
         hf.register_forward_hook(torch.compiler.disable(self._exit))
@@ -61,7 +67,9 @@ class ForwardClock:
         self._start = time.perf_counter()
 
     def _exit(self, *_):
-        self.seconds += time.perf_counter() - self._start
+        end = time.perf_counter()
+        self.seconds += end - self._start
+        self.spans.append((self._start, end))
 
 
 class Phases:
@@ -123,14 +131,26 @@ def prompts(n: int) -> list[str]:
 
 
 def measure(model, clock: ForwardClock, run) -> dict:
-    """Wall seconds, forward seconds and forward calls of ``run()``; its result."""
+    """Wall seconds, forward seconds and forward calls of ``run()``, where its host time fell
+    (:func:`timeline`); its result."""
     model.stats.reset()
-    forward, wall = clock.seconds, time.perf_counter()
+    forward, began, first = clock.seconds, time.perf_counter(), len(clock.spans)
     out = run()
-    wall, forward = time.perf_counter() - wall, clock.seconds - forward
+    ended = time.perf_counter()
+    wall, forward = ended - began, clock.seconds - forward
     per_step = {f.name: getattr(model.stats, f.name) for f in fields(model.stats)
                 if not f.name.startswith("_") and f.name not in ("tokens_drafted", "tokens_accepted")}
-    return {"out": out, "wall": wall, "forward": forward, "steps": model.stats.forward_calls, "stats": per_step}
+    return {"out": out, "wall": wall, "forward": forward, "steps": model.stats.forward_calls, "stats": per_step,
+            "timeline": timeline(clock.spans[first:], began, ended)}
+
+
+def timeline(spans: list[tuple[float, float]], began: float, ended: float) -> dict:
+    """Where a run's host time fell, in ms: before its first forward (``start``: tokenizing,
+    submitting, preparing the calls), between two forwards (``steps``, summed; ``step``, the
+    median), and after its last one (``end``: the results, the states and their caches)."""
+    gaps = [b[0] - a[1] for a, b in zip(spans, spans[1:])]
+    return {"start": round(1e3 * (spans[0][0] - began), 2), "steps": round(1e3 * sum(gaps), 2),
+            "step": round(1e3 * median(gaps), 3) if gaps else 0.0, "end": round(1e3 * (ended - spans[-1][1]), 2)}
 
 
 def _generated(run: dict) -> int:
@@ -165,7 +185,8 @@ def one_kind(model, clock, gen, texts_in: list[str], tokens: int, reps: int) -> 
                         "ms_per_step": round(1e3 * best["wall"] / max(best["steps"], 1), 2),
                         "forward_ms_per_step": round(1e3 * best["forward"] / max(best["steps"], 1), 2),
                         "host_us_per_row_step": round(1e6 * host / max(best["steps"], 1) / len(texts_in), 1),
-                        "steps": best["steps"], "tokens": generated, "stats": best["stats"], "values": values}
+                        "steps": best["steps"], "tokens": generated, "stats": best["stats"], "values": values,
+                        "timeline_ms": {k: round(median([r["timeline"][k] for r in runs]), 3) for k in best["timeline"]}}
     for name, run in (("one_call", batched), ("concurrent", lambda: asyncio.run(together()))):
         with Phases(model) as phases:
             timed = measure(model, clock, run)
@@ -177,6 +198,13 @@ def one_kind(model, clock, gen, texts_in: list[str], tokens: int, reps: int) -> 
     alone = [str(gen(p, max_tokens=tokens)) for p in texts_in]
     result["identical_to_alone"] = result["concurrent"].pop("values") == alone
     result["one_call_identical_to_alone"] = result["one_call"].pop("values") == alone
+    # What each concurrent call costs more than its rows in the batched call: once at the start
+    # and at the end, and at each step (the host gaps between forwards, per call and step).
+    one, conc = result["one_call"]["timeline_ms"], result["concurrent"]["timeline_ms"]
+    n, steps = len(texts_in), max(result["concurrent"]["steps"] - 1, 1)
+    result["extra_us_per_call"] = {"start": round(1e3 * (conc["start"] - one["start"]) / n, 1),
+                                   "step": round(1e3 * (conc["steps"] - one["steps"]) / n / steps, 1),
+                                   "end": round(1e3 * (conc["end"] - one["end"]) / n, 1)}
     # The median of each rep's ratio.
     result["vs_one_call"] = round(median([(_generated(conc) / conc["wall"]) / (_generated(one) / one["wall"])
                                           for one, conc in paired]), 3)
@@ -252,6 +280,10 @@ def main():
             cells = [f"{r['one_call']['breakdown'].get(p, 0.0)}, {r['concurrent']['breakdown'].get(p, 0.0)}"
                      for p in part]
             table.append((k, "", *cells) + ("",) * (5 - len(part)))
+    table.append(("extra µs per call", "start", "each step", "end", "", "", ""))
+    for k, r in results.items():
+        extra = r["extra_us_per_call"]
+        table.append((k, extra["start"], extra["step"], extra["end"], "", "", ""))
     table.append(("streams (text)", "async for vs one call", streamed["async_for_vs_one_call"],
                   "as the server reads them", streamed["server_vs_one_call"], "identical",
                   streamed["identical_to_alone"]))

@@ -91,6 +91,10 @@ def test_engine_benchmark_s_concurrent_calls_equal_each_call_alone():
             phases = figures["breakdown"]  # where the host time went, µs per row per step
             assert {"advance", "detokenize", "sample", "read", "inputs", "loop"} <= set(phases)
             assert all(v >= 0 for k, v in phases.items() if k != "loop")
+            spent = figures["timeline_ms"]  # host time before, between and after the forwards
+            assert set(spent) == {"start", "steps", "step", "end"} and all(v >= 0 for v in spent.values())
+            assert spent["step"] <= spent["steps"] or figures["steps"] == 1
+        assert set(kind["extra_us_per_call"]) == {"start", "step", "end"}
 
 
 @bench()
