@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import threading
 import weakref
+from typing import Callable
 
 import torch
 from transformers import GenerationMixin
@@ -40,11 +41,18 @@ CACHE_ARG = ("cache" if "cache" in inspect.signature(GenerationMixin.prepare_inp
 
 
 class _Buffer:
-    """Per-layer key and value tensors ``[rows, kv_heads, capacity, head_dim]``."""
+    """Every layer's keys and values, ``[rows, kv_heads, capacity, head_dim]`` (``keys``, ``values``).
 
-    __slots__ = ("keys", "values", "capacity", "filled", "rows", "lock", "static", "__weakref__")
+    They are views of one tensor per group of consecutive layers of one shape (``groups``:
+    keys and values ``[layers, rows, kv_heads, capacity, head_dim]``; one group for most
+    models), so that copying some rows or slots of every layer is two operations per
+    group, not two per layer.
+    """
+
+    __slots__ = ("groups", "keys", "values", "capacity", "filled", "rows", "lock", "static", "__weakref__")
 
     def __init__(self, rows: int, capacity: int):
+        self.groups: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.rows = rows
@@ -61,9 +69,49 @@ class _Buffer:
                 return True
             return False
 
+    def allocate(self, shapes: list[tuple[int, int, int]], like: torch.Tensor) -> None:
+        """Zeroed layers after those held, of the given ``(kv_heads, key_dim, value_dim)``: one
+        group per run of one shape (like ``like``'s dtype and device).
+
+        Zeros, not empty memory: a compiled step attends over the whole capacity, and a NaN
+        bit pattern in an unused slot would leak through a zero weight.
+        """
+        for count, (heads, key_dim, value_dim) in _runs(shapes):
+            keys = like.new_zeros((count, self.rows, heads, self.capacity, key_dim))
+            values = like.new_zeros((count, self.rows, heads, self.capacity, value_dim))
+            self.groups.append((keys, values))
+            self.keys += keys.unbind(0)
+            self.values += values.unbind(0)
+
+    def shapes(self) -> list[tuple[int, int, int]]:
+        """Per layer, ``(kv_heads, key_dim, value_dim)``."""
+        return [(k.shape[1], k.shape[3], v.shape[3]) for k, v in zip(self.keys, self.values)]
+
+    def span(self, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of layers ``[first, first + count)``, ``[count, rows, kv_heads, capacity, dim]``:
+        the group that is exactly those layers, else those layers stacked (a copy)."""
+        at = 0
+        for keys, values in self.groups:
+            if at == first and keys.shape[0] == count:
+                return keys, values
+            at += keys.shape[0]
+        last = first + count
+        return torch.stack(self.keys[first:last]), torch.stack(self.values[first:last])
+
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+        return sum(t.numel() * t.element_size() for group in self.groups for t in group)
+
+
+def _runs(shapes: list[tuple[int, int, int]]) -> list[tuple[int, tuple[int, int, int]]]:
+    """``(count, shape)`` of each run of consecutive layers of one shape."""
+    runs: list[tuple[int, tuple[int, int, int]]] = []
+    for shape in shapes:
+        if runs and runs[-1][1] == shape:
+            runs[-1] = (runs[-1][0] + 1, shape)
+        else:
+            runs.append((1, shape))
+    return runs
 
 
 def capacity_for(needed: int) -> int:
@@ -74,6 +122,23 @@ def capacity_for(needed: int) -> int:
     return capacity
 
 
+def _copied(buffer: _Buffer, rows: int, length: int, capacity: int, write: Callable) -> _Buffer:
+    """A new buffer of ``rows`` rows, its layers grouped as ``buffer``'s, whose slots
+    ``[0, length)`` ``write(keys_or_values, out)`` fills: ``keys_or_values`` is a group of
+    ``buffer``'s, ``[layers, its rows, kv_heads, capacity, dim]``, and ``out`` the new
+    buffer's, ``[layers, rows, kv_heads, length, dim]``."""
+    new = _Buffer(rows, capacity)
+    # Inference tensors, as those a forward allocates: a compiled step is specialized on
+    # the kind of tensor, so a copied buffer of another kind would compile it again.
+    with torch.inference_mode():
+        for keys, values in buffer.groups:
+            new.allocate([(keys.shape[2], keys.shape[4], values.shape[4])] * keys.shape[0], keys)
+            for t, out in zip((keys, values), new.groups[-1]):
+                write(t, out[:, :, :, :length])
+    new.filled = length
+    return new
+
+
 def _gather(buffer: _Buffer, rows: torch.Tensor | None, slots: torch.Tensor | None, length: int,
             capacity: int) -> _Buffer:
     """A new buffer holding ``length`` slots of ``buffer``: the given rows, and per row the given slots.
@@ -81,24 +146,16 @@ def _gather(buffer: _Buffer, rows: torch.Tensor | None, slots: torch.Tensor | No
     ``rows`` (``[new_rows]``) selects rows (``None``: all); ``slots`` (``[new_rows, length]``)
     picks, per new row, which old slots fill its slots ``[0, length)`` (``None``: the same slots).
     """
-    n_rows = buffer.rows if rows is None else rows.numel()
-    new = _Buffer(n_rows, capacity)
-    # Inference tensors, as those a forward allocates: a compiled step is specialized on
-    # the kind of tensor, so a copied buffer of another kind would compile it again.
-    with torch.inference_mode():
-        for old_layer, new_layer in ((buffer.keys, new.keys), (buffer.values, new.values)):
-            for t in old_layer:
-                src = t[:, :, :length] if slots is None else t
-                if rows is not None:
-                    src = src.index_select(0, rows.to(t.device))
-                if slots is not None:
-                    idx = slots.to(t.device)[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
-                    src = src.gather(2, idx)
-                out = t.new_zeros((n_rows, t.shape[1], capacity, t.shape[3]))
-                out[:, :, :length] = src
-                new_layer.append(out)
-    new.filled = length
-    return new
+    def write(t: torch.Tensor, out: torch.Tensor) -> None:
+        src = t[:, :, :, :length] if slots is None else t
+        if rows is not None:
+            src = src.index_select(1, rows.to(t.device))
+        if slots is not None:
+            idx = slots.to(t.device)[None, :, None, :, None]
+            src = src.gather(3, idx.expand(t.shape[0], -1, t.shape[2], -1, t.shape[4]))
+        out.copy_(src)
+
+    return _copied(buffer, buffer.rows if rows is None else rows.numel(), length, capacity, write)
 
 
 class KVCache:
@@ -148,6 +205,20 @@ class KVCache:
         """Layer ``index``'s keys and values of the slots ``[0, length)``: ``[rows, kv_heads, length, head_dim]``."""
         buffer = self._buffer
         return buffer.keys[index][:, :, : self.length], buffer.values[index][:, :, : self.length]
+
+    def shapes(self) -> list[tuple[int, int, int]]:
+        """Per model layer, its ``(kv_heads, key_dim, value_dim)``."""
+        return self._buffer.shapes()
+
+    def groups(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The buffer's groups of layers (see :class:`_Buffer`), whole: every row and slot."""
+        return self._buffer.groups
+
+    def span(self, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values of layers ``[first, first + count)`` of the slots ``[0, length)``:
+        ``[count, rows, kv_heads, length, dim]`` (see :meth:`_Buffer.span`)."""
+        keys, values = self._buffer.span(first, count)
+        return keys[:, :, :, : self.length], values[:, :, :, : self.length]
 
     def settle(self) -> None:
         """Make the value hold only its own rows' memory (it already does: nothing to copy)."""
@@ -202,11 +273,11 @@ class _Layer(CacheLayerMixin):
     def update(self, key_states, value_states, *args, **kwargs):
         owner, buf = self.owner, self.owner._buffer
         if self.index == len(buf.keys):  # the first forward into a new buffer allocates lazily
-            # Zeros, not empty memory: a compiled step attends over the whole capacity, and
-            # a NaN bit pattern in an unused slot would leak through a zero weight.
-            shape = (buf.rows, key_states.shape[1], buf.capacity, key_states.shape[3])
-            buf.keys.append(key_states.new_zeros(shape))
-            buf.values.append(value_states.new_zeros(shape[:3] + (value_states.shape[3],)))
+            shape = (key_states.shape[1], key_states.shape[3], value_states.shape[3])
+            # With every layer's shape known, all of them at once (grouped); else this one.
+            known = owner.shapes
+            later = known[self.index :] if known is not None and known[self.index : self.index + 1] == [shape] else [shape]
+            buf.allocate(later, key_states)
         keys, values = buf.keys[self.index], buf.values[self.index]
         keys[:, :, owner.start : owner.end] = key_states
         values[:, :, owner.start : owner.end] = value_states
@@ -239,9 +310,14 @@ class ForwardCache(Cache):
         Per model layer, whether it is a sliding-window layer.
     reserve
         Slots a new buffer holds at least (the length of a prompt forwarded in chunks).
+    shapes
+        Per model layer, its ``(kv_heads, key_dim, value_dim)``, when known (from an earlier
+        forward): a new buffer then allocates its layers grouped by shape.
     """
 
-    def __init__(self, cache: KVCache | None, rows: int, n_new: int, layer_kinds: list[bool], reserve: int = 0):
+    def __init__(self, cache: KVCache | None, rows: int, n_new: int, layer_kinds: list[bool], reserve: int = 0,
+                 shapes: list[tuple[int, int, int]] | None = None):
+        self.shapes = shapes
         self.start = cache.length if cache is not None else 0
         self.end = self.start + n_new
         if cache is None:
@@ -361,17 +437,18 @@ def stack(caches: "list[KVCache | None]", rows: list[int], extra: int) -> "KVCac
     # step attends over the whole capacity, so every slot must hold numbers.
     out = _Buffer(sum(rows), capacity_for(length + extra))
     with torch.inference_mode():
-        for index in range(like.layers):
-            keys, values = like.layer(index)
-            k = keys.new_zeros((out.rows, keys.shape[1], out.capacity, keys.shape[3]))
-            v = values.new_zeros((out.rows, values.shape[1], out.capacity, values.shape[3]))
+        first = 0
+        for group, _ in like.groups():  # grouped as the first part's layers
+            count = group.shape[0]
+            out.allocate(like.shapes()[first : first + count], group)
+            keys, values = out.groups[-1]
             at = 0
             for cache, n in zip(caches, rows):
                 if cache is not None and cache.length:
-                    k[at : at + n, :, : cache.length], v[at : at + n, :, : cache.length] = cache.layer(index)
+                    keys[:, at : at + n, :, : cache.length], values[:, at : at + n, :, : cache.length] = (
+                        cache.span(first, count))
                 at += n
-            out.keys.append(k)
-            out.values.append(v)
+            first += count
     out.filled = length
     return KVCache(out, length)
 
@@ -463,25 +540,47 @@ class JointRows(KVCache):
             buffer = self._own if self._own is not None else self._source
         return buffer, buffer.nbytes
 
-    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _held(self) -> tuple[_Buffer | None, _Buffer | None]:
+        """Their own buffer once copied (else ``None``), and the stacked one until then."""
         with self._copying:
-            own, source = self._own, self._source
+            return self._own, self._source
+
+    def shapes(self) -> list[tuple[int, int, int]]:
+        own, source = self._held()
+        return (own or source).shapes()
+
+    def groups(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        own, source = self._held()
+        return (own or source).groups
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        own, source = self._held()
         if own is not None:
             return own.keys[index][:, :, : self.length], own.values[index][:, :, : self.length]
         return (source.keys[index][self._rows].index_select(2, self._slots),
                 source.values[index][self._rows].index_select(2, self._slots))
 
+    def span(self, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        own, source = self._held()
+        if own is not None:
+            return KVCache(own, self.length).span(first, count)
+        return tuple(self._take(t) for t in source.span(first, count))
+
+    def _take(self, t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows' slots, in order, of ``t`` (a group of the stacked buffer: ``[layers, rows,
+        kv_heads, capacity, dim]``), copied into ``out`` when given."""
+        rows, slots = t[:, self._rows], self.slots
+        if not len(slots.base):  # one run of slots (most calls: stacked once, then appended to): a slice
+            taken = rows[:, :, :, slots.tail.start : slots.tail.stop]
+            return taken if out is None else out.copy_(taken)
+        if out is None:
+            return rows.index_select(3, self._slots)
+        return torch.index_select(rows, 3, self._slots, out=out)
+
     def settle(self) -> _Buffer:
         """The rows' own buffer, copied out on the first call (the stacked one is then no longer held)."""
         with self._copying:
             if self._own is None:
-                own = _Buffer(self.rows, capacity_for(self.length + 1))
-                with torch.inference_mode():
-                    for keys, values in zip(self._source.keys, self._source.values):
-                        for layer, t in ((own.keys, keys), (own.values, values)):
-                            out = t.new_zeros((self.rows, t.shape[1], own.capacity, t.shape[3]))
-                            torch.index_select(t[self._rows], 2, self._slots, out=out[:, :, : self.length])
-                            layer.append(out)
-                own.filled = self.length
-                self._own, self._source = own, None
+                self._own = _copied(self._source, self.rows, self.length, capacity_for(self.length + 1), self._take)
+                self._source = None
         return self._own

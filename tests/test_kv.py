@@ -14,9 +14,10 @@ from continuous import continuous, generate
 from continuous.kv import ForwardCache
 
 
-def fill(cache, rows, n, value):
-    """One fake forward of `n` slots through a 2-layer model writing `value` (in inference mode, as the backend's)."""
-    fc = ForwardCache(cache, rows, n, [False, False])
+def fill(cache, rows, n, value, grouped=False):
+    """One fake forward of `n` slots through a 2-layer model writing `value` (in inference mode, as the
+    backend's); ``grouped``: with the layers' shapes known, as an eager model's forwards after its first."""
+    fc = ForwardCache(cache, rows, n, [False, False], shapes=[(2, 4, 4)] * 2 if grouped else None)
     with torch.inference_mode():
         for layer in range(2):
             k = torch.full((rows, 2, n, 4), float(value))
@@ -153,23 +154,24 @@ def test_threads_continuing_states_that_share_a_tip_write_their_own_slots(model)
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 3), st.sets(st.integers(0, 7), max_size=6), st.integers(1, 5)), min_size=2,
-                max_size=5), st.booleans())
-def test_stacking_calls_rows_of_a_stacked_buffer_again_keeps_each_call_s_slots(parts, mixed):
+                max_size=5), st.booleans(), st.booleans(), st.booleans())
+def test_stacking_calls_rows_of_a_stacked_buffer_again_keeps_each_call_s_slots(parts, mixed, grouped, own_grouped):
     """Calls' rows of a merged step's stacked buffer (each with its own slots: a run after a
-    few scattered ones), stacked again: every part's slots hold what its own copy holds."""
+    few scattered ones, or a run alone), stacked again: every part's slots hold what its own
+    copy holds, whether each buffer's layers are grouped or not."""
     from continuous.kv import JointRows, Slots, stack
 
     total = sum(n for n, _, _ in parts)
-    source, _ = fill(None, total, 16, 0)
+    source, _ = fill(None, total, 16, 0, grouped)
     numbered(source)
     caches, at = [], 0
     for n, scattered, run in parts:
-        base = torch.tensor(sorted(scattered), dtype=torch.long)
+        base = torch.tensor(sorted(scattered), dtype=torch.long) if scattered else None
         caches.append(JointRows(source._buffer, slice(at, at + n), Slots(base, range(8, 8 + run))))
         at += n
     rows = [n for n, _, _ in parts]
     if mixed:  # a cache of its own among them (a call that joins), copied as it is
-        own, _ = fill(None, 2, 3, 7)
+        own, _ = fill(None, 2, 3, 7, own_grouped)
         caches, rows = caches + [own], rows + [2]
     out = stack(caches, rows, 4)
     assert out.length == max(c.length for c in caches)
@@ -185,14 +187,16 @@ def test_stacking_calls_rows_of_a_stacked_buffer_again_keeps_each_call_s_slots(p
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 3), st.integers(1, 3), st.sets(st.integers(0, 7), max_size=5), st.integers(0, 6), st.integers(1, 6))
-def test_a_call_s_rows_of_a_stacked_buffer_read_and_settled_hold_its_slots_in_order(first, n, scattered, start, run):
+@given(st.integers(0, 3), st.integers(1, 3), st.sets(st.integers(0, 7), max_size=5), st.integers(0, 6), st.integers(1, 6),
+       st.booleans())
+def test_a_call_s_rows_of_a_stacked_buffer_read_and_settled_hold_its_slots_in_order(first, n, scattered, start, run,
+                                                                                    grouped):
     """A call's rows of a stacked buffer (slots: a few scattered ones then a run, or a run alone)
     read the same, whether read in place or once copied into their own buffer; the copy has room
     for the next slot, and zeros past the call's slots."""
     from continuous.kv import JointRows, Slots
 
-    source, _ = fill(None, first + n + 1, 16, 0)
+    source, _ = fill(None, first + n + 1, 16, 0, grouped)
     numbered(source)
     base = torch.tensor(sorted(scattered), dtype=torch.long)
     slots = Slots(base if len(base) else None, range(8 + start, 8 + start + run))
@@ -210,3 +214,41 @@ def test_a_call_s_rows_of_a_stacked_buffer_read_and_settled_hold_its_slots_in_or
         for w, g, whole in zip(want[layer], rows.layer(layer), (own.keys[layer], own.values[layer])):
             assert torch.equal(g, w)
             assert not whole[:, :, rows.length :].any()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from([(2, 4, 4), (1, 8, 4), (2, 4, 8)]), min_size=1, max_size=6), st.integers(1, 3),
+       st.integers(1, 5))
+def test_layers_of_one_shape_share_a_tensor_and_copies_keep_them_so(shapes, rows, n):
+    """Each run of layers of one shape is one tensor, each layer a view of it: a forward's writes
+    land in it, and a copy of some rows holds them, grouped the same way."""
+    fc = ForwardCache(None, rows, n, [False] * len(shapes), shapes=shapes)
+    with torch.inference_mode():
+        for layer, (heads, key_dim, value_dim) in enumerate(shapes):
+            fc.update(torch.full((rows, heads, n, key_dim), layer + 1.0), torch.full((rows, heads, n, value_dim), -1.0),
+                      layer)
+    cache = fc.result()
+    runs = [shape for i, shape in enumerate(shapes) if i == 0 or shapes[i - 1] != shape]
+    assert len(cache.groups()) == len(runs) and cache.shapes() == shapes
+    at = 0
+    for keys, values in cache.groups():
+        for i in range(keys.shape[0]):  # the layer's view is the group's memory
+            assert cache._buffer.keys[at + i].data_ptr() == keys[i].data_ptr()
+            assert torch.all(keys[i, :, :, :n] == at + i + 1) and torch.all(values[i, :, :, :n] == -1)
+        at += keys.shape[0]
+    picked = cache.select_rows(torch.tensor([rows - 1, 0]))
+    assert [k.shape[0] for k, _ in picked.groups()] == [k.shape[0] for k, _ in cache.groups()]
+    for layer in range(len(shapes)):
+        assert torch.equal(picked.layer(layer)[0], cache.layer(layer)[0][[rows - 1, 0]])
+        assert not picked._buffer.keys[layer][:, :, n:].any()
+
+
+def test_an_eager_model_s_caches_hold_their_layers_as_one_tensor_after_its_first_forward(model):
+    gen = continuous(generate.text(model))
+    gen("Hello", max_tokens=2)  # the model learns its layers' shapes
+    layers = len(model.kinds)
+    assert model.kv_shapes is not None and len(model.kv_shapes) == layers
+    state = gen(["Hello there", "Hi"], max_tokens=3)
+    (keys, values), = state._rows.cache.groups()
+    assert keys.shape[0] == values.shape[0] == layers
+    assert state._rows.cache.storage()[1] == keys.numel() * keys.element_size() * 2

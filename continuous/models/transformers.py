@@ -71,6 +71,11 @@ class Transformers:
         # decoding.decode): it pays where the device runs asynchronously.
         self.overlap = self.device.type == "cuda"
         self.compiled = None
+        # Per layer, its KV shape, learned from the first forward: the caches of an eager model then
+        # hold their layers grouped (a copy of rows or slots is two operations a group, not two a
+        # layer); a compiled step takes each layer's tensors as inputs of their own, never views
+        # of one tensor, which it would have to write back whole.
+        self.kv_shapes: list[tuple[int, int, int]] | None = None
         self._graph_trees = None  # CUDA graphs of compiled steps, shared by the threads that step
         self._arange = None
         # The merged steps' stacked cache, used by the engine's step only. Merged steps run
@@ -140,7 +145,8 @@ class Transformers:
             mask = to_device(attention_mask, device)
             at = positions(mask, start)
         width = self._compiled_width(n, mask, cache, logits_to_keep) if compiled else 0
-        fc = ForwardCache(cache, rows, width or n, self.kinds, request.reserve)
+        fc = ForwardCache(cache, rows, width or n, self.kinds, request.reserve,
+                          self.kv_shapes if self.compiled is None else None)
         if width:
             try:
                 if width > n:
@@ -164,6 +170,8 @@ class Transformers:
             fc.abort()
             raise
         self.stats.record(n_real, rows * n)
+        if self.kv_shapes is None and len(fc._buffer.keys) == len(self.kinds):
+            self.kv_shapes = fc._buffer.shapes()
         return out.logits.float(), fc.result()
 
     def _run_joint(self, requests: list[Request]) -> list[tuple[torch.Tensor, KVCache]]:
