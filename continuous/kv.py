@@ -44,9 +44,10 @@ class _Buffer:
     """Every layer's keys and values, ``[rows, kv_heads, capacity, head_dim]`` (``keys``, ``values``).
 
     They are views of one tensor per group of consecutive layers of one shape (``groups``:
-    keys and values ``[layers, rows, kv_heads, capacity, head_dim]``; one group for most
-    models), so that copying some rows or slots of every layer is two operations per
-    group, not two per layer.
+    keys and values ``[layers, rows, kv_heads, capacity, head_dim]``), so that copying some
+    rows or slots of every layer is two operations per group, not two per layer. A group
+    holds at most :data:`GROUP_BYTES`: on a CPU, a larger allocation is fresh memory from
+    the system each time, every page of it faulted in as it is written.
     """
 
     __slots__ = ("groups", "keys", "values", "capacity", "filled", "rows", "lock", "static", "__weakref__")
@@ -70,37 +71,48 @@ class _Buffer:
             return False
 
     def allocate(self, shapes: list[tuple[int, int, int]], like: torch.Tensor) -> None:
-        """Zeroed layers after those held, of the given ``(kv_heads, key_dim, value_dim)``: one
-        group per run of one shape (like ``like``'s dtype and device).
+        """Zeroed layers after those held, of the given ``(kv_heads, key_dim, value_dim)`` (``like``'s
+        dtype and device), grouped: runs of one shape, each group at most :data:`GROUP_BYTES`.
 
         Zeros, not empty memory: a compiled step attends over the whole capacity, and a NaN
         bit pattern in an unused slot would leak through a zero weight.
         """
         for count, (heads, key_dim, value_dim) in _runs(shapes):
-            keys = like.new_zeros((count, self.rows, heads, self.capacity, key_dim))
-            values = like.new_zeros((count, self.rows, heads, self.capacity, value_dim))
-            self.groups.append((keys, values))
-            self.keys += keys.unbind(0)
-            self.values += values.unbind(0)
+            layer = self.rows * heads * self.capacity * max(key_dim, value_dim) * like.element_size()
+            most = max(1, GROUP_BYTES // layer)
+            for n in [most] * (count // most) + [count % most] * bool(count % most):
+                keys = like.new_zeros((n, self.rows, heads, self.capacity, key_dim))
+                values = like.new_zeros((n, self.rows, heads, self.capacity, value_dim))
+                self.groups.append((keys, values))
+                self.keys += keys.unbind(0)
+                self.values += values.unbind(0)
 
     def shapes(self) -> list[tuple[int, int, int]]:
         """Per layer, ``(kv_heads, key_dim, value_dim)``."""
         return [(k.shape[1], k.shape[3], v.shape[3]) for k, v in zip(self.keys, self.values)]
 
+    def bounds(self) -> list[int]:
+        """Where each group starts, and the number of layers."""
+        starts = [0]
+        for keys, _ in self.groups:
+            starts.append(starts[-1] + keys.shape[0])
+        return starts
+
     def span(self, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of layers ``[first, first + count)``, ``[count, rows, kv_heads, capacity, dim]``:
-        the group that is exactly those layers, else those layers stacked (a copy)."""
-        at = 0
-        for keys, values in self.groups:
-            if at == first and keys.shape[0] == count:
-                return keys, values
-            at += keys.shape[0]
-        last = first + count
-        return torch.stack(self.keys[first:last]), torch.stack(self.values[first:last])
+        """Keys and values of layers ``[first, first + count)``, which lie in one group, as views:
+        ``[count, rows, kv_heads, capacity, dim]``."""
+        for start, (keys, values) in zip(self.bounds(), self.groups):
+            if start <= first and first + count <= start + keys.shape[0]:
+                return keys[first - start : first - start + count], values[first - start : first - start + count]
+        raise ValueError(f"layers [{first}, {first + count}) are not in one group")
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for group in self.groups for t in group)
+
+
+#: The most bytes one tensor of a buffer's group of layers takes (see :class:`_Buffer`).
+GROUP_BYTES = 8 << 20
 
 
 def _runs(shapes: list[tuple[int, int, int]]) -> list[tuple[int, tuple[int, int, int]]]:
@@ -114,6 +126,13 @@ def _runs(shapes: list[tuple[int, int, int]]) -> list[tuple[int, tuple[int, int,
     return runs
 
 
+def _pieces(*bounds: list[int]) -> list[tuple[int, int]]:
+    """``(first, count)`` of the runs of layers that lie in one group of every buffer whose group
+    ``bounds`` are given (:meth:`_Buffer.bounds`)."""
+    cuts = sorted(set().union(*bounds))
+    return [(a, b - a) for a, b in zip(cuts, cuts[1:])]
+
+
 def capacity_for(needed: int) -> int:
     """The capacity (a power of two, at least 64) that holds ``needed`` slots."""
     capacity = _MIN_CAPACITY
@@ -123,17 +142,17 @@ def capacity_for(needed: int) -> int:
 
 
 def _copied(buffer: _Buffer, rows: int, length: int, capacity: int, write: Callable) -> _Buffer:
-    """A new buffer of ``rows`` rows, its layers grouped as ``buffer``'s, whose slots
-    ``[0, length)`` ``write(keys_or_values, out)`` fills: ``keys_or_values`` is a group of
-    ``buffer``'s, ``[layers, its rows, kv_heads, capacity, dim]``, and ``out`` the new
-    buffer's, ``[layers, rows, kv_heads, length, dim]``."""
+    """A new buffer of ``rows`` rows whose slots ``[0, length)`` ``write(keys_or_values, out)``
+    fills: ``keys_or_values`` is some layers of ``buffer``, ``[layers, its rows, kv_heads,
+    capacity, dim]``, and ``out`` the same layers of the new buffer, ``[layers, rows,
+    kv_heads, length, dim]``."""
     new = _Buffer(rows, capacity)
     # Inference tensors, as those a forward allocates: a compiled step is specialized on
     # the kind of tensor, so a copied buffer of another kind would compile it again.
     with torch.inference_mode():
-        for keys, values in buffer.groups:
-            new.allocate([(keys.shape[2], keys.shape[4], values.shape[4])] * keys.shape[0], keys)
-            for t, out in zip((keys, values), new.groups[-1]):
+        new.allocate(buffer.shapes(), buffer.keys[0])
+        for first, count in _pieces(buffer.bounds(), new.bounds()):
+            for t, out in zip(buffer.span(first, count), new.span(first, count)):
                 write(t, out[:, :, :, :length])
     new.filled = length
     return new
@@ -214,9 +233,13 @@ class KVCache:
         """The buffer's groups of layers (see :class:`_Buffer`), whole: every row and slot."""
         return self._buffer.groups
 
+    def bounds(self) -> list[int]:
+        """Where each of the buffer's groups of layers starts, and the number of layers."""
+        return self._buffer.bounds()
+
     def span(self, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The keys and values of layers ``[first, first + count)`` of the slots ``[0, length)``:
-        ``[count, rows, kv_heads, length, dim]`` (see :meth:`_Buffer.span`)."""
+        """The keys and values of layers ``[first, first + count)``, which lie in one group of the
+        buffer, of the slots ``[0, length)``: ``[count, rows, kv_heads, length, dim]``."""
         keys, values = self._buffer.span(first, count)
         return keys[:, :, :, : self.length], values[:, :, :, : self.length]
 
@@ -437,18 +460,15 @@ def stack(caches: "list[KVCache | None]", rows: list[int], extra: int) -> "KVCac
     # step attends over the whole capacity, so every slot must hold numbers.
     out = _Buffer(sum(rows), capacity_for(length + extra))
     with torch.inference_mode():
-        first = 0
-        for group, _ in like.groups():  # grouped as the first part's layers
-            count = group.shape[0]
-            out.allocate(like.shapes()[first : first + count], group)
-            keys, values = out.groups[-1]
-            at = 0
-            for cache, n in zip(caches, rows):
-                if cache is not None and cache.length:
+        out.allocate(like.shapes(), like.groups()[0][0])
+        at = 0
+        for cache, n in zip(caches, rows):
+            if cache is not None and cache.length:
+                for first, count in _pieces(out.bounds(), cache.bounds()):
+                    keys, values = out.span(first, count)
                     keys[:, at : at + n, :, : cache.length], values[:, at : at + n, :, : cache.length] = (
                         cache.span(first, count))
-                at += n
-            first += count
+            at += n
     out.filled = length
     return KVCache(out, length)
 
@@ -552,6 +572,10 @@ class JointRows(KVCache):
     def groups(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         own, source = self._held()
         return (own or source).groups
+
+    def bounds(self) -> list[int]:
+        own, source = self._held()
+        return (own or source).bounds()
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         own, source = self._held()

@@ -4,13 +4,14 @@ import asyncio
 import gc
 import threading
 import weakref
+from unittest.mock import patch
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.states import assert_equivalent, real_ids
 
-from continuous import continuous, generate
+from continuous import continuous, generate, kv
 from continuous.kv import ForwardCache
 
 
@@ -158,11 +159,13 @@ def test_threads_continuing_states_that_share_a_tip_write_their_own_slots(model)
 def test_stacking_calls_rows_of_a_stacked_buffer_again_keeps_each_call_s_slots(parts, mixed, grouped, own_grouped):
     """Calls' rows of a merged step's stacked buffer (each with its own slots: a run after a
     few scattered ones, or a run alone), stacked again: every part's slots hold what its own
-    copy holds, whether each buffer's layers are grouped or not."""
+    copy holds, whether each buffer's layers are grouped or not (a large buffer's split in
+    groups of one layer)."""
     from continuous.kv import JointRows, Slots, stack
 
     total = sum(n for n, _, _ in parts)
-    source, _ = fill(None, total, 16, 0, grouped)
+    with patch.object(kv, "GROUP_BYTES", total * 2 * 64 * 4 * 4):  # the source's layers: one a group
+        source, _ = fill(None, total, 16, 0, grouped)
     numbered(source)
     caches, at = [], 0
     for n, scattered, run in parts:
@@ -196,7 +199,8 @@ def test_a_call_s_rows_of_a_stacked_buffer_read_and_settled_hold_its_slots_in_or
     for the next slot, and zeros past the call's slots."""
     from continuous.kv import JointRows, Slots
 
-    source, _ = fill(None, first + n + 1, 16, 0, grouped)
+    with patch.object(kv, "GROUP_BYTES", (first + n + 1) * 2 * 64 * 4 * 4):  # one layer a group: copied by pieces
+        source, _ = fill(None, first + n + 1, 16, 0, grouped)
     numbered(source)
     base = torch.tensor(sorted(scattered), dtype=torch.long)
     slots = Slots(base if len(base) else None, range(8 + start, 8 + start + run))
