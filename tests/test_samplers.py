@@ -19,6 +19,20 @@ def test_greedy():
     assert torch.allclose(w, torch.log_softmax(lg, -1).max(-1).values)
 
 
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([-float("inf"), -1.0, 0.0, 2.0]), min_size=5, max_size=5), min_size=1,
+                max_size=4))
+def test_greedy_takes_the_first_of_tied_likeliest_tokens_and_its_log_probability(rows):
+    """Ties (and rows with nothing allowed) go to the first likeliest token, as ``argmax`` picks;
+    its weight gains exactly that token's log-probability."""
+    lg = torch.tensor(rows)
+    ids, _, w = samplers.greedy()(lg, torch.ones(len(rows)))
+    assert ids.tolist() == lg.argmax(-1).tolist()
+    logprobs = torch.log_softmax(lg, -1)
+    want = 1 + logprobs.gather(1, ids[:, None]).squeeze(1)
+    assert torch.equal(w.isnan(), want.isnan()) and torch.equal(w[~w.isnan()], want[~want.isnan()])
+
+
 def test_multinomial_respects_mask_top_k_top_p():
     lg = logits()
     lg[:, 10:] = -torch.inf
