@@ -50,10 +50,11 @@ class _Buffer:
     the system each time, every page of it faulted in as it is written.
     """
 
-    __slots__ = ("groups", "keys", "values", "capacity", "filled", "rows", "lock", "static", "__weakref__")
+    __slots__ = ("groups", "keys", "values", "capacity", "filled", "rows", "lock", "static", "grouped", "__weakref__")
 
     def __init__(self, rows: int, capacity: int):
         self.groups: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.grouped = False  # whether layers share a group (else each is one; see allocate)
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.rows = rows
@@ -70,16 +71,18 @@ class _Buffer:
                 return True
             return False
 
-    def allocate(self, shapes: list[tuple[int, int, int]], like: torch.Tensor) -> None:
+    def allocate(self, shapes: list[tuple[int, int, int]], like: torch.Tensor, grouped: bool) -> None:
         """Zeroed layers after those held, of the given ``(kv_heads, key_dim, value_dim)`` (``like``'s
-        dtype and device), grouped: runs of one shape, each group at most :data:`GROUP_BYTES`.
+        dtype and device); ``grouped``: runs of one shape share a group, of at most
+        :data:`GROUP_BYTES` (else each layer is a group of its own: what a compiled step takes).
 
         Zeros, not empty memory: a compiled step attends over the whole capacity, and a NaN
         bit pattern in an unused slot would leak through a zero weight.
         """
+        self.grouped = grouped
         for count, (heads, key_dim, value_dim) in _runs(shapes):
             layer = self.rows * heads * self.capacity * max(key_dim, value_dim) * like.element_size()
-            most = max(1, GROUP_BYTES // layer)
+            most = max(1, GROUP_BYTES // layer) if grouped else 1
             for n in [most] * (count // most) + [count % most] * bool(count % most):
                 keys = like.new_zeros((n, self.rows, heads, self.capacity, key_dim))
                 values = like.new_zeros((n, self.rows, heads, self.capacity, value_dim))
@@ -150,7 +153,7 @@ def _copied(buffer: _Buffer, rows: int, length: int, capacity: int, write: Calla
     # Inference tensors, as those a forward allocates: a compiled step is specialized on
     # the kind of tensor, so a copied buffer of another kind would compile it again.
     with torch.inference_mode():
-        new.allocate(buffer.shapes(), buffer.keys[0])
+        new.allocate(buffer.shapes(), buffer.keys[0], buffer.grouped)
         for first, count in _pieces(buffer.bounds(), new.bounds()):
             for t, out in zip(buffer.span(first, count), new.span(first, count)):
                 write(t, out[:, :, :, :length])
@@ -237,6 +240,11 @@ class KVCache:
         """Where each of the buffer's groups of layers starts, and the number of layers."""
         return self._buffer.bounds()
 
+    @property
+    def grouped(self) -> bool:
+        """Whether the buffer's layers share groups (see :class:`_Buffer`): its copies' do too."""
+        return self._buffer.grouped
+
     def span(self, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values of layers ``[first, first + count)``, which lie in one group of the
         buffer, of the slots ``[0, length)``: ``[count, rows, kv_heads, length, dim]``."""
@@ -300,7 +308,7 @@ class _Layer(CacheLayerMixin):
             # With every layer's shape known, all of them at once (grouped); else this one.
             known = owner.shapes
             later = known[self.index :] if known is not None and known[self.index : self.index + 1] == [shape] else [shape]
-            buf.allocate(later, key_states)
+            buf.allocate(later, key_states, grouped=len(later) > 1)
         keys, values = buf.keys[self.index], buf.values[self.index]
         keys[:, :, owner.start : owner.end] = key_states
         values[:, :, owner.start : owner.end] = value_states
@@ -460,7 +468,7 @@ def stack(caches: "list[KVCache | None]", rows: list[int], extra: int) -> "KVCac
     # step attends over the whole capacity, so every slot must hold numbers.
     out = _Buffer(sum(rows), capacity_for(length + extra))
     with torch.inference_mode():
-        out.allocate(like.shapes(), like.groups()[0][0])
+        out.allocate(like.shapes(), like.groups()[0][0], like.grouped)
         at = 0
         for cache, n in zip(caches, rows):
             if cache is not None and cache.length:
@@ -576,6 +584,11 @@ class JointRows(KVCache):
     def bounds(self) -> list[int]:
         own, source = self._held()
         return (own or source).bounds()
+
+    @property
+    def grouped(self) -> bool:
+        own, source = self._held()
+        return (own or source).grouped
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         own, source = self._held()

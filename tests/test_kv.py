@@ -222,18 +222,22 @@ def test_a_call_s_rows_of_a_stacked_buffer_read_and_settled_hold_its_slots_in_or
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.sampled_from([(2, 4, 4), (1, 8, 4), (2, 4, 8)]), min_size=1, max_size=6), st.integers(1, 3),
-       st.integers(1, 5))
-def test_layers_of_one_shape_share_a_tensor_and_copies_keep_them_so(shapes, rows, n):
-    """Each run of layers of one shape is one tensor, each layer a view of it: a forward's writes
-    land in it, and a copy of some rows holds them, grouped the same way."""
-    fc = ForwardCache(None, rows, n, [False] * len(shapes), shapes=shapes)
+       st.integers(1, 5), st.booleans())
+def test_layers_of_one_shape_share_a_tensor_and_copies_keep_them_so(shapes, rows, n, known):
+    """With the layers' shapes known, each run of layers of one shape is one tensor, each layer a
+    view of it: a forward's writes land in it, and a copy of some rows, or a stack, holds them
+    grouped the same way. Not known (a model's first forward, or a compiled model's), each layer
+    is a tensor of its own, and so are its copies' (a compiled step takes them as its inputs)."""
+    from continuous.kv import stack
+
+    fc = ForwardCache(None, rows, n, [False] * len(shapes), shapes=shapes if known else None)
     with torch.inference_mode():
         for layer, (heads, key_dim, value_dim) in enumerate(shapes):
             fc.update(torch.full((rows, heads, n, key_dim), layer + 1.0), torch.full((rows, heads, n, value_dim), -1.0),
                       layer)
     cache = fc.result()
     runs = [shape for i, shape in enumerate(shapes) if i == 0 or shapes[i - 1] != shape]
-    assert len(cache.groups()) == len(runs) and cache.shapes() == shapes
+    assert len(cache.groups()) == (len(runs) if known else len(shapes)) and cache.shapes() == shapes
     at = 0
     for keys, values in cache.groups():
         for i in range(keys.shape[0]):  # the layer's view is the group's memory
@@ -241,7 +245,9 @@ def test_layers_of_one_shape_share_a_tensor_and_copies_keep_them_so(shapes, rows
             assert torch.all(keys[i, :, :, :n] == at + i + 1) and torch.all(values[i, :, :, :n] == -1)
         at += keys.shape[0]
     picked = cache.select_rows(torch.tensor([rows - 1, 0]))
-    assert [k.shape[0] for k, _ in picked.groups()] == [k.shape[0] for k, _ in cache.groups()]
+    stacked = stack([picked, cache], [2, rows], 1)
+    for copy in (picked, stacked):
+        assert [k.shape[0] for k, _ in copy.groups()] == [k.shape[0] for k, _ in cache.groups()]
     for layer in range(len(shapes)):
         assert torch.equal(picked.layer(layer)[0], cache.layer(layer)[0][[rows - 1, 0]])
         assert not picked._buffer.keys[layer][:, :, n:].any()
