@@ -215,35 +215,23 @@ class KVCache:
         return KVCache(self._buffer, length) if length > 0 else None
 
     def storage(self) -> tuple[_Buffer, int]:
-        """The buffer this view is on, and its size in bytes (its whole capacity)."""
-        return self._buffer, self._buffer.nbytes
+        """The buffer that holds this view's memory, and its size in bytes (its whole capacity)."""
+        buffer = self.holder()
+        return buffer, buffer.nbytes
 
     @property
     def layers(self) -> int:
         """How many model layers the buffer holds (none before a first forward fills it)."""
-        return len(self._buffer.keys)
+        return len(self.holder().keys)
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``index``'s keys and values of the slots ``[0, length)``: ``[rows, kv_heads, length, head_dim]``."""
         buffer = self._buffer
         return buffer.keys[index][:, :, : self.length], buffer.values[index][:, :, : self.length]
 
-    def shapes(self) -> list[tuple[int, int, int]]:
-        """Per model layer, its ``(kv_heads, key_dim, value_dim)``."""
-        return self._buffer.shapes()
-
-    def groups(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The buffer's groups of layers (see :class:`_Buffer`), whole: every row and slot."""
-        return self._buffer.groups
-
-    def bounds(self) -> list[int]:
-        """Where each of the buffer's groups of layers starts, and the number of layers."""
-        return self._buffer.bounds()
-
-    @property
-    def grouped(self) -> bool:
-        """Whether the buffer's layers share groups (see :class:`_Buffer`): its copies' do too."""
-        return self._buffer.grouped
+    def holder(self) -> _Buffer:
+        """The buffer its slots lie in now (read, never copied out: see :class:`JointRows`)."""
+        return self._buffer
 
     def span(self, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values of layers ``[first, first + count)``, which lie in one group of the
@@ -306,8 +294,8 @@ class _Layer(CacheLayerMixin):
         if self.index == len(buf.keys):  # the first forward into a new buffer allocates lazily
             shape = (key_states.shape[1], key_states.shape[3], value_states.shape[3])
             # With every layer's shape known, all of them at once (grouped); else this one.
-            known = owner.shapes
-            later = known[self.index :] if known is not None and known[self.index : self.index + 1] == [shape] else [shape]
+            known = owner.shapes[self.index :] if owner.shapes is not None else []
+            later = known if known[:1] == [shape] else [shape]
             buf.allocate(later, key_states, grouped=len(later) > 1)
         keys, values = buf.keys[self.index], buf.values[self.index]
         keys[:, :, owner.start : owner.end] = key_states
@@ -468,11 +456,12 @@ def stack(caches: "list[KVCache | None]", rows: list[int], extra: int) -> "KVCac
     # step attends over the whole capacity, so every slot must hold numbers.
     out = _Buffer(sum(rows), capacity_for(length + extra))
     with torch.inference_mode():
-        out.allocate(like.shapes(), like.groups()[0][0], like.grouped)
+        model = like.holder()
+        out.allocate(model.shapes(), model.keys[0], model.grouped)
         at = 0
         for cache, n in zip(caches, rows):
             if cache is not None and cache.length:
-                for first, count in _pieces(out.bounds(), cache.bounds()):
+                for first, count in _pieces(out.bounds(), cache.holder().bounds()):
                     keys, values = out.span(first, count)
                     keys[:, at : at + n, :, : cache.length], values[:, at : at + n, :, : cache.length] = (
                         cache.span(first, count))
@@ -554,41 +543,18 @@ class JointRows(KVCache):
         return self._rows.stop - self._rows.start
 
     @property
-    def layers(self) -> int:
-        with self._copying:
-            return len((self._own or self._source).keys)
-
-    @property
     def _buffer(self) -> _Buffer:
         return self._own if self._own is not None else self.settle()
-
-    def storage(self) -> tuple[_Buffer, int]:
-        """The stacked buffer while the rows are in it (it holds their memory), then their own."""
-        with self._copying:
-            buffer = self._own if self._own is not None else self._source
-        return buffer, buffer.nbytes
 
     def _held(self) -> tuple[_Buffer | None, _Buffer | None]:
         """Their own buffer once copied (else ``None``), and the stacked one until then."""
         with self._copying:
             return self._own, self._source
 
-    def shapes(self) -> list[tuple[int, int, int]]:
+    def holder(self) -> _Buffer:
+        """The stacked buffer while the rows are in it (it holds their memory), then their own."""
         own, source = self._held()
-        return (own or source).shapes()
-
-    def groups(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        own, source = self._held()
-        return (own or source).groups
-
-    def bounds(self) -> list[int]:
-        own, source = self._held()
-        return (own or source).bounds()
-
-    @property
-    def grouped(self) -> bool:
-        own, source = self._held()
-        return (own or source).grouped
+        return own or source
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         own, source = self._held()

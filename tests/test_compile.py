@@ -101,7 +101,7 @@ def test_merged_steps_run_compiled_on_a_few_row_counts_and_equal_each_call_alone
         b = s.run()
         assert str(a) == str(b) and a.token_ids.tolist() == b.token_ids.tolist()
         # Copied out of the stacked rows, each layer still a tensor of its own: a compiled step's inputs.
-        assert len(b.kv_cache.groups()) == b.kv_cache.layers == len(model.kinds)
+        assert len(b.kv_cache.holder().groups) == b.kv_cache.layers == len(model.kinds)
     assert 8 in rows and set(rows) <= {1, 2, 4, 8}  # five calls on eight rows, then fewer
 
 

@@ -190,8 +190,8 @@ def test_stacking_calls_rows_of_a_stacked_buffer_again_keeps_each_call_s_slots(p
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 3), st.integers(1, 3), st.sets(st.integers(0, 7), max_size=5), st.integers(0, 6), st.integers(1, 6),
-       st.booleans())
+@given(st.integers(0, 3), st.integers(1, 3), st.sets(st.integers(0, 7), max_size=5), st.integers(0, 6),
+       st.integers(1, 6), st.booleans())
 def test_a_call_s_rows_of_a_stacked_buffer_read_and_settled_hold_its_slots_in_order(first, n, scattered, start, run,
                                                                                     grouped):
     """A call's rows of a stacked buffer (slots: a few scattered ones then a run, or a run alone)
@@ -237,9 +237,10 @@ def test_layers_of_one_shape_share_a_tensor_and_copies_keep_them_so(shapes, rows
                       layer)
     cache = fc.result()
     runs = [shape for i, shape in enumerate(shapes) if i == 0 or shapes[i - 1] != shape]
-    assert len(cache.groups()) == (len(runs) if known else len(shapes)) and cache.shapes() == shapes
+    buffer = cache.holder()
+    assert len(buffer.groups) == (len(runs) if known else len(shapes)) and buffer.shapes() == shapes
     at = 0
-    for keys, values in cache.groups():
+    for keys, values in buffer.groups:
         for i in range(keys.shape[0]):  # the layer's view is the group's memory
             assert cache._buffer.keys[at + i].data_ptr() == keys[i].data_ptr()
             assert torch.all(keys[i, :, :, :n] == at + i + 1) and torch.all(values[i, :, :, :n] == -1)
@@ -247,7 +248,7 @@ def test_layers_of_one_shape_share_a_tensor_and_copies_keep_them_so(shapes, rows
     picked = cache.select_rows(torch.tensor([rows - 1, 0]))
     stacked = stack([picked, cache], [2, rows], 1)
     for copy in (picked, stacked):
-        assert [k.shape[0] for k, _ in copy.groups()] == [k.shape[0] for k, _ in cache.groups()]
+        assert [k.shape[0] for k, _ in copy.holder().groups] == [k.shape[0] for k, _ in buffer.groups]
     for layer in range(len(shapes)):
         assert torch.equal(picked.layer(layer)[0], cache.layer(layer)[0][[rows - 1, 0]])
         assert not picked._buffer.keys[layer][:, :, n:].any()
@@ -259,6 +260,6 @@ def test_an_eager_model_s_caches_hold_their_layers_as_one_tensor_after_its_first
     layers = len(model.kinds)
     assert model.kv_shapes is not None and len(model.kv_shapes) == layers
     state = gen(["Hello there", "Hi"], max_tokens=3)
-    (keys, values), = state._rows.cache.groups()
+    (keys, values), = state._rows.cache.holder().groups
     assert keys.shape[0] == values.shape[0] == layers
     assert state._rows.cache.storage()[1] == keys.numel() * keys.element_size() * 2
