@@ -29,7 +29,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .transfer import to_device
 
-__all__ = ["CACHE_ARG", "KVCache", "ForwardCache", "StaticStepCache", "capacity_for", "stack", "JointRows", "Slots"]
+__all__ = ["CACHE_ARG", "KVCache", "ForwardCache", "StaticStepCache", "capacity_for", "stack", "JointRows", "Slots",
+           "Shape"]
 
 _MIN_CAPACITY = 64
 
@@ -71,28 +72,28 @@ class _Buffer:
                 return True
             return False
 
-    def allocate(self, shapes: list[tuple[int, int, int]], like: torch.Tensor, grouped: bool) -> None:
-        """Zeroed layers after those held, of the given ``(kv_heads, key_dim, value_dim)`` (``like``'s
-        dtype and device); ``grouped``: runs of one shape share a group, of at most
-        :data:`GROUP_BYTES` (else each layer is a group of its own: what a compiled step takes).
+    def allocate(self, shapes: list[Shape], dtype: torch.dtype, grouped: bool) -> None:
+        """Zeroed layers after those held, of the given :data:`Shape`; ``grouped``: runs of one
+        shape share a group, of at most :data:`GROUP_BYTES` (else each layer is a group of its
+        own: what a compiled step takes).
 
         Zeros, not empty memory: a compiled step attends over the whole capacity, and a NaN
         bit pattern in an unused slot would leak through a zero weight.
         """
         self.grouped = grouped
-        for count, (heads, key_dim, value_dim) in _runs(shapes):
-            layer = self.rows * heads * self.capacity * max(key_dim, value_dim) * like.element_size()
+        for count, (heads, key_dim, value_dim, device) in _runs(shapes):
+            layer = self.rows * heads * self.capacity * max(key_dim, value_dim) * dtype.itemsize
             most = max(1, GROUP_BYTES // layer) if grouped else 1
             for n in [most] * (count // most) + [count % most] * bool(count % most):
-                keys = like.new_zeros((n, self.rows, heads, self.capacity, key_dim))
-                values = like.new_zeros((n, self.rows, heads, self.capacity, value_dim))
+                keys = torch.zeros((n, self.rows, heads, self.capacity, key_dim), dtype=dtype, device=device)
+                values = torch.zeros((n, self.rows, heads, self.capacity, value_dim), dtype=dtype, device=device)
                 self.groups.append((keys, values))
                 self.keys += keys.unbind(0)
                 self.values += values.unbind(0)
 
-    def shapes(self) -> list[tuple[int, int, int]]:
-        """Per layer, ``(kv_heads, key_dim, value_dim)``."""
-        return [(k.shape[1], k.shape[3], v.shape[3]) for k, v in zip(self.keys, self.values)]
+    def shapes(self) -> list[Shape]:
+        """Per layer, its :data:`Shape`."""
+        return [(k.shape[1], k.shape[3], v.shape[3], k.device) for k, v in zip(self.keys, self.values)]
 
     def bounds(self) -> list[int]:
         """Where each group starts, and the number of layers."""
@@ -117,10 +118,14 @@ class _Buffer:
 #: The most bytes one tensor of a buffer's group of layers takes (see :class:`_Buffer`).
 GROUP_BYTES = 8 << 20
 
+#: A layer's ``(kv_heads, key_dim, value_dim, device)``: layers of one shape on one device
+#: (a model split over devices has several) may share a group.
+Shape = tuple[int, int, int, torch.device]
 
-def _runs(shapes: list[tuple[int, int, int]]) -> list[tuple[int, tuple[int, int, int]]]:
+
+def _runs(shapes: list[Shape]) -> list[tuple[int, Shape]]:
     """``(count, shape)`` of each run of consecutive layers of one shape."""
-    runs: list[tuple[int, tuple[int, int, int]]] = []
+    runs: list[tuple[int, Shape]] = []
     for shape in shapes:
         if runs and runs[-1][1] == shape:
             runs[-1] = (runs[-1][0] + 1, shape)
@@ -153,7 +158,7 @@ def _copied(buffer: _Buffer, rows: int, length: int, capacity: int, write: Calla
     # Inference tensors, as those a forward allocates: a compiled step is specialized on
     # the kind of tensor, so a copied buffer of another kind would compile it again.
     with torch.inference_mode():
-        new.allocate(buffer.shapes(), buffer.keys[0], buffer.grouped)
+        new.allocate(buffer.shapes(), buffer.keys[0].dtype, buffer.grouped)
         for first, count in _pieces(buffer.bounds(), new.bounds()):
             for t, out in zip(buffer.span(first, count), new.span(first, count)):
                 write(t, out[:, :, :, :length])
@@ -292,11 +297,11 @@ class _Layer(CacheLayerMixin):
     def update(self, key_states, value_states, *args, **kwargs):
         owner, buf = self.owner, self.owner._buffer
         if self.index == len(buf.keys):  # the first forward into a new buffer allocates lazily
-            shape = (key_states.shape[1], key_states.shape[3], value_states.shape[3])
+            shape = (key_states.shape[1], key_states.shape[3], value_states.shape[3], key_states.device)
             # With every layer's shape known, all of them at once (grouped); else this one.
             known = owner.shapes[self.index :] if owner.shapes is not None else []
             later = known if known[:1] == [shape] else [shape]
-            buf.allocate(later, key_states, grouped=len(later) > 1)
+            buf.allocate(later, key_states.dtype, grouped=len(later) > 1)
         keys, values = buf.keys[self.index], buf.values[self.index]
         keys[:, :, owner.start : owner.end] = key_states
         values[:, :, owner.start : owner.end] = value_states
@@ -330,12 +335,12 @@ class ForwardCache(Cache):
     reserve
         Slots a new buffer holds at least (the length of a prompt forwarded in chunks).
     shapes
-        Per model layer, its ``(kv_heads, key_dim, value_dim)``, when known (from an earlier
-        forward): a new buffer then allocates its layers grouped by shape.
+        Per model layer, its :data:`Shape`, when known (from an earlier forward): a new
+        buffer then allocates its layers grouped by shape.
     """
 
     def __init__(self, cache: KVCache | None, rows: int, n_new: int, layer_kinds: list[bool], reserve: int = 0,
-                 shapes: list[tuple[int, int, int]] | None = None):
+                 shapes: list[Shape] | None = None):
         self.shapes = shapes
         self.start = cache.length if cache is not None else 0
         self.end = self.start + n_new
@@ -457,7 +462,7 @@ def stack(caches: "list[KVCache | None]", rows: list[int], extra: int) -> "KVCac
     out = _Buffer(sum(rows), capacity_for(length + extra))
     with torch.inference_mode():
         model = like.holder()
-        out.allocate(model.shapes(), model.keys[0], model.grouped)
+        out.allocate(model.shapes(), model.keys[0].dtype, model.grouped)
         at = 0
         for cache, n in zip(caches, rows):
             if cache is not None and cache.length:

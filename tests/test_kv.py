@@ -15,10 +15,13 @@ from continuous import continuous, generate, kv
 from continuous.kv import ForwardCache
 
 
+CPU = torch.device("cpu")
+
+
 def fill(cache, rows, n, value, grouped=False):
     """One fake forward of `n` slots through a 2-layer model writing `value` (in inference mode, as the
     backend's); ``grouped``: with the layers' shapes known, as an eager model's forwards after its first."""
-    fc = ForwardCache(cache, rows, n, [False, False], shapes=[(2, 4, 4)] * 2 if grouped else None)
+    fc = ForwardCache(cache, rows, n, [False, False], shapes=[(2, 4, 4, CPU)] * 2 if grouped else None)
     with torch.inference_mode():
         for layer in range(2):
             k = torch.full((rows, 2, n, 4), float(value))
@@ -221,7 +224,8 @@ def test_a_call_s_rows_of_a_stacked_buffer_read_and_settled_hold_its_slots_in_or
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.sampled_from([(2, 4, 4), (1, 8, 4), (2, 4, 8)]), min_size=1, max_size=6), st.integers(1, 3),
+@given(st.lists(st.sampled_from([(2, 4, 4, CPU), (1, 8, 4, CPU), (2, 4, 8, CPU)]), min_size=1, max_size=6),
+       st.integers(1, 3),
        st.integers(1, 5), st.booleans())
 def test_layers_of_one_shape_share_a_tensor_and_copies_keep_them_so(shapes, rows, n, known):
     """With the layers' shapes known, each run of layers of one shape is one tensor, each layer a
@@ -232,7 +236,7 @@ def test_layers_of_one_shape_share_a_tensor_and_copies_keep_them_so(shapes, rows
 
     fc = ForwardCache(None, rows, n, [False] * len(shapes), shapes=shapes if known else None)
     with torch.inference_mode():
-        for layer, (heads, key_dim, value_dim) in enumerate(shapes):
+        for layer, (heads, key_dim, value_dim, _) in enumerate(shapes):
             fc.update(torch.full((rows, heads, n, key_dim), layer + 1.0), torch.full((rows, heads, n, value_dim), -1.0),
                       layer)
     cache = fc.result()
@@ -263,3 +267,15 @@ def test_an_eager_model_s_caches_hold_their_layers_as_one_tensor_after_its_first
     (keys, values), = state._rows.cache.holder().groups
     assert keys.shape[0] == values.shape[0] == layers
     assert state._rows.cache.storage()[1] == keys.numel() * keys.element_size() * 2
+
+
+def test_layers_on_different_devices_never_share_a_group():
+    """A model split over devices (``device_map``) keeps each device's layers in tensors on it."""
+    from continuous.kv import _Buffer
+
+    meta = torch.device("meta")
+    buffer = _Buffer(2, 64)
+    buffer.allocate([(2, 4, 4, CPU)] * 2 + [(2, 4, 4, meta)] * 3 + [(2, 4, 4, CPU)], torch.float32, grouped=True)
+    assert [k.shape[0] for k, _ in buffer.groups] == [2, 3, 1]
+    assert [k.device for k in buffer.keys] == [CPU] * 2 + [meta] * 3 + [CPU]
+    assert buffer.shapes() == [(2, 4, 4, k.device) for k in buffer.keys]

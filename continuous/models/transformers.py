@@ -9,7 +9,7 @@ import weakref
 
 import torch
 
-from ..kv import CACHE_ARG, ForwardCache, JointRows, KVCache, StaticStepCache
+from ..kv import CACHE_ARG, ForwardCache, JointRows, KVCache, Shape, StaticStepCache
 from .base import Stats, check_layout, stop_ids
 from .masks import attention_masks, check_supported, layer_windows, near, positions
 from ..prefix import PrefixCache, parse_bytes
@@ -75,7 +75,7 @@ class Transformers:
         # hold their layers grouped (a copy of rows or slots is two operations a group, not two a
         # layer); a compiled step takes each layer's tensors as inputs of their own, never views
         # of one tensor, which it would have to write back whole.
-        self.kv_shapes: list[tuple[int, int, int]] | None = None
+        self.kv_shapes: list[Shape] | None = None
         self._graph_trees = None  # CUDA graphs of compiled steps, shared by the threads that step
         self._arange = None
         # The merged steps' stacked cache, used by the engine's step only. Merged steps run
