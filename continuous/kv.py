@@ -19,6 +19,7 @@ rewound or cropped anywhere, which a rolling window could not serve.
 from __future__ import annotations
 
 import inspect
+import itertools
 import threading
 import weakref
 from typing import Callable
@@ -125,13 +126,7 @@ Shape = tuple[int, int, int, torch.device]
 
 def _runs(shapes: list[Shape]) -> list[tuple[int, Shape]]:
     """``(count, shape)`` of each run of consecutive layers of one shape."""
-    runs: list[tuple[int, Shape]] = []
-    for shape in shapes:
-        if runs and runs[-1][1] == shape:
-            runs[-1] = (runs[-1][0] + 1, shape)
-        else:
-            runs.append((1, shape))
-    return runs
+    return [(len(list(run)), shape) for shape, run in itertools.groupby(shapes)]
 
 
 def _pieces(*bounds: list[int]) -> list[tuple[int, int]]:
