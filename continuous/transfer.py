@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["cat_rows", "split_rows", "to_device", "to_host"]
+__all__ = ["cat_rows", "owned", "split_rows", "to_device", "to_host"]
 
 
 #: Rows of fewer bytes than this are copied: checking that they are one tensor's costs more.
@@ -75,6 +75,15 @@ def _whole_of(parts: list[torch.Tensor]) -> torch.Tensor | None:
             return None
         stop = origin[2]
     return whole if start == 0 and stop == whole.shape[0] else whole[start:stop]
+
+
+def owned(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t``, or a copy of it when it is a view into more memory than its own (its rows of a
+    tensor that several calls' step shared): what a call keeps past its end then holds no
+    other call's rows."""
+    if t is None or t.untyped_storage().nbytes() <= t.nelement() * t.element_size():
+        return t
+    return t.clone()
 
 
 def to_device(data, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -25,6 +25,7 @@ from .layout import Rows
 from .partial import PartialValues
 from .samplers import Sampler
 from .state import CutShort, SequenceState, shape_rows
+from .transfer import owned
 
 __all__ = ["ContinuousGenerator", "Stream", "AsyncStream", "continuous"]
 
@@ -281,13 +282,18 @@ class ContinuousGenerator:
             texts = result.texts
             if result.complete is not None:
                 texts = [t if t is None or whole else CutShort(t) for t, whole in zip(texts, result.complete)]
-            if final and result.rows.cache is not None:
-                # A call that shared forwards ends with its own buffer: its state does not
-                # hold the other calls' rows.
-                result.rows.cache.settle()
+            rows, weights = result.rows, result.weights
+            if final:
+                # A call that shared forwards ends with its own memory: its state holds none of the
+                # other calls' rows (of their stacked cache, nor of the step's logits and weights).
+                if rows.cache is not None:
+                    rows.cache.settle()
+                logits, weights = owned(rows.logits), owned(weights)
+                if logits is not rows.logits:
+                    rows = replace(rows, logits=logits)
             if final and model.prefix_cache is not None:
-                model.prefix_cache.insert(result.rows)
-            return SequenceState(model, result.rows, result.weights, batch_size, samples, texts,
+                model.prefix_cache.insert(rows)
+            return SequenceState(model, rows, weights, batch_size, samples, texts,
                                  generator.parse, result.reasons, result.logprobs, result.costs, scores,
                                  tokens_cached=cached)
 

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from continuous.transfer import VIEW_BYTES, cat_rows, split_rows, to_device, to_host
+from continuous.transfer import VIEW_BYTES, cat_rows, owned, split_rows, to_device, to_host
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
@@ -85,3 +85,13 @@ def test_cat_rows_of_blocks_torch_cat_refuses_raises_as_torch_cat_does():
     narrow = whole[2:4, :1]  # one tensor's rows right after the first block, one column only
     with pytest.raises(RuntimeError):
         cat_rows([whole[:2], narrow])
+
+
+def test_owned_copies_only_a_view_into_more_memory_than_its_own():
+    step = torch.arange(12.0).reshape(4, 3)
+    row = step[1:2]
+    mine = owned(row)
+    assert torch.equal(mine, row) and mine.untyped_storage().nbytes() == mine.nelement() * mine.element_size()
+    assert owned(step) is step and owned(None) is None
+    ones = torch.ones(1).expand(5)  # less memory than elements: nothing of another's in it
+    assert owned(ones) is ones

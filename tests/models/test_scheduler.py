@@ -262,9 +262,12 @@ def test_a_prompt_forwarded_in_chunks_is_written_into_one_buffer_made_once(hf_mo
 
 
 def _own_rows_only(state):
-    """The state's cache is a buffer of its own rows (no other call's rows stacked beside them)."""
+    """The state's cache is a buffer of its own rows (no other call's rows stacked beside them), and
+    its logits and weights are tensors of its own rows (not views of the step's tensors of every call)."""
     buffer, nbytes = state._rows.cache.storage()
-    return buffer.keys[0].shape[0] == state._rows.n_rows and state.cache_bytes.alone + state.cache_bytes.shared == nbytes
+    tensors = [state._rows.logits, state._weights]
+    return (buffer.keys[0].shape[0] == state._rows.n_rows and state.cache_bytes.alone + state.cache_bytes.shared == nbytes
+            and all(t.untyped_storage().nbytes() == t.nelement() * t.element_size() for t in tensors))
 
 
 def test_two_calls_continuing_the_same_state_at_once_each_equal_the_call_alone(model):
