@@ -33,7 +33,7 @@ from .options import Options
 from .draw import NOTHING_IMPOSED, Draw
 from .overlap import Queued
 from .prefill import check_context, top_up_steps
-from ..models.scheduler import Request, Work
+from ..models.scheduler import Request, Work, answered
 from ..models.table import READY
 from .processors import ForkRanking, own, run
 from .result import Generation, logprob_texts, rows_after, token_texts
@@ -262,12 +262,15 @@ class Decoding:
 
     def _forward(self, ids, n_real: int, plain: bool, keep: int) -> torch.Tensor:
         """Forward the step's new slots; each row's logits are those after its newest slot.
-        Returns the logits of the last ``keep`` slots."""
+        Returns the logits of the last ``keep`` slots (``[rows, keep, vocab]``; with no drafts to
+        check and ``keep == 1``, only those after the newest slot: ``[rows, vocab]``)."""
         batch, grid = self.batch, self.grid
         inputs = ids if plain else to_device(ids, batch.logits.device, torch.long)
+        last = keep == 1 and self.speculation is None  # the drafts' check reads every kept slot's logits
         logits, batch.cache = yield Request(inputs, None if grid.all_real else grid.attention_mask, batch.cache,
-                                            logits_to_keep=keep, n_real=n_real, holes=grid.holes)
-        batch.logits = logits[:, -1] if plain else torch.where(grid.last_real[:, -1:], logits[:, -1], batch.logits)
+                                            logits_to_keep=keep, n_real=n_real, holes=grid.holes, last=last)
+        newest = logits if last else logits[:, -1]
+        batch.logits = newest if plain else torch.where(grid.last_real[:, -1:], newest, batch.logits)
         return logits
 
     def _read_logprobs(self, drawn) -> list | None:
@@ -343,8 +346,8 @@ def drive(steps, model):
         reply, error = None, None
         if isinstance(item, Request):
             try:
-                reply = model.forward(item.input_ids, item.attention_mask, item.cache, item.logits_to_keep,
-                                      n_real=item.n_real, holes=item.holes)
+                reply = answered(item, *model.forward(item.input_ids, item.attention_mask, item.cache,
+                                                      item.logits_to_keep, n_real=item.n_real, holes=item.holes))
             except Exception as exc:  # noqa: BLE001 - raised where the call forwarded
                 error = exc
         elif isinstance(item, Work):

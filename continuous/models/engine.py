@@ -31,7 +31,7 @@ import traceback
 import weakref
 from typing import Callable, Generator
 
-from .scheduler import PREFILL_CHUNK, Request, Work, split
+from .scheduler import PREFILL_CHUNK, Request, Work, answered, split
 from .table import ALL, PIECE, READY, Call, Table
 
 __all__ = ["Engine", "DONE", "GRACE"]
@@ -508,7 +508,7 @@ class Engine:
     def _reply(self, request: Request, result, error) -> None:
         call = self.table.calls.get(request.call)
         if call is not None:
-            call.request, call.reply = None, (result, error)
+            call.request, call.reply = None, (None if result is None else answered(request, *result), error)
 
     def _gauges(self) -> None:
         if self.stats is not None:

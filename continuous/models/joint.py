@@ -20,6 +20,7 @@ import torch
 
 from ..kv import JointRows, KVCache, Slots, stack
 from ..layout import dense
+from ..transfer import split_rows
 from .scheduler import Request
 
 __all__ = ["Joint", "Layout", "bucket"]
@@ -69,8 +70,12 @@ class Layout:
         return self.runs
 
     def blocks(self, t: torch.Tensor) -> list[torch.Tensor]:
-        """Each request's rows of ``t`` (``[rows, ...]``, in stacked order), as views made at once."""
-        sizes, run_of, _ = self.split()
+        """Each request's rows of ``t`` (``[rows, ...]``, in stacked order), as views made at once;
+        with no dead rows, :func:`~continuous.transfer.split_rows`' blocks (a shared draw of them, in
+        order, joins them back with no copy)."""
+        sizes, run_of, dead = self.split()
+        if not dead:
+            return list(split_rows(t, sizes))
         parts = t.split(sizes)
         return [parts[i] for i in run_of]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Request", "Work", "split", "PREFILL_CHUNK", "PREFILL_CHUNK_GPU"]
+__all__ = ["answered", "Request", "Work", "split", "PREFILL_CHUNK", "PREFILL_CHUNK_GPU"]
 
 #: Tokens of a prefill forwarded per step while other calls decode.
 PREFILL_CHUNK = 512
@@ -34,6 +34,8 @@ class Request:
     ``call`` is the id of the engine call that asked for it (``None`` for a direct forward).
     ``reserve`` is the length its cache will reach once a longer request it is a chunk of
     is forwarded: the first chunk makes room for all of them, so that none copies the cache.
+    ``last`` asks for the logits of the last slot only, ``[rows, vocab]`` (what a decode step
+    reads): a merged forward then cuts them out once for all its requests, not once each.
     """
 
     input_ids: torch.Tensor
@@ -45,6 +47,7 @@ class Request:
     call: int | None = None
     arrived: float = field(default_factory=time.monotonic)
     reserve: int = 0
+    last: bool = False
 
     def __post_init__(self):
         # Read many times a step by the batching policy and the merged forward: kept, not computed.
@@ -72,6 +75,12 @@ class Request:
         self.width -= size
         self.cache = cache
         self.n_real = None  # counted again from the mask (or the width) of what is left
+
+
+def answered(request: Request, logits: torch.Tensor, cache) -> tuple:
+    """``(logits, cache)`` as ``request`` asked for them: a backend's ``[rows, keep, vocab]``
+    logits, of the last slot only when :attr:`Request.last` (logits cut already pass as they are)."""
+    return (logits[:, -1] if request.last and logits.dim() == 3 else logits), cache
 
 
 class Work:

@@ -189,13 +189,20 @@ class Transformers:
         keep = max(r.logits_to_keep for r in requests)
         logits, cache = self._run_one(Request(ids, mask, layout.cache, keep, n_real, True), self.joint.compiled)
         out, buffer, then = {}, cache._buffer, {}
-        for r, slots, at, block in zip(layout.requests, layout.slots, layout.at, layout.blocks(logits)):
+        # The last slot's logits are cut out once for the requests that read only those (decode steps).
+        lasts = layout.blocks(logits[:, -1]) if any(r.last for r in layout.requests) else None
+        blocks = None if all(r.last for r in layout.requests) else layout.blocks(logits)
+        for i, (r, slots, at) in enumerate(zip(layout.requests, layout.slots, layout.at)):
             # Calls stacked together hold one Slots object, and go on sharing one: made once a step.
             key = (id(slots), r.width)
             if key not in then:
                 then[key] = slots.then(range(start + width - r.width, start + width))
             own = JointRows(buffer, slice(at, at + r.batch_rows), then[key])
-            out[id(r)] = (block if r.logits_to_keep == keep else block[:, keep - r.logits_to_keep :], own)
+            if r.last:
+                block = lasts[i]
+            else:
+                block = blocks[i] if r.logits_to_keep == keep else blocks[i][:, keep - r.logits_to_keep :]
+            out[id(r)] = (block, own)
         self.joint.keep(layout, cache, [out[id(r)][1] for r in layout.requests], mask)
         return [out[id(r)] for r in requests]
 

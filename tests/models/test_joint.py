@@ -1,14 +1,16 @@
 """A merged round's stacked cache is kept while the same calls go on, and rows compute as alone."""
 
 import asyncio
+from dataclasses import replace
 
 import torch
 
 from continuous import continuous, generate
 from continuous.kv import JointRows
 from continuous.models import joint as joint_module
-from continuous.models.scheduler import Request
+from continuous.models.scheduler import Request, answered
 from continuous.models.table import ALL
+from continuous.transfer import cat_rows
 
 
 def _states(model):
@@ -232,3 +234,30 @@ def test_a_kept_step_s_mask_is_the_last_one_then_ones_in_one_tensor_with_room_fo
     assert given.tolist() == [[0, 1, 1], [1, 1, 1]]  # never written
     other = torch.tensor([[1, 0], [1, 1]])  # not the kept step's: its own room
     assert joint.mask_after(other, 1).tolist() == [[1, 0, 1], [1, 1, 1]]
+
+
+def test_requests_asking_for_the_last_slot_get_it_cut_out_once_and_a_shared_draw_takes_them_back_whole(model):
+    caches = [s._rows.cache for s in _states(model)]
+    requests = [replace(q, last=True) for q in _steps(caches, 7)]
+    alone = [model._run_one(q) for q in requests]  # a backend's forward: every kept slot
+    for q, (_, c) in zip(requests, alone):
+        c.release(q.cache.length)  # the reference's slots go back: the merged step appends there
+    merged = model._run_joint(requests)
+    for (a, _), (m, _) in zip(alone, merged):
+        assert a.dim() == 3 and m.shape == (1, a.shape[-1])
+        assert torch.allclose(a[:, -1], m, atol=1e-4)
+    whole = cat_rows([m for m, _ in merged])  # the rows of one tensor, in order: no copy
+    assert whole.data_ptr() == merged[0][0].data_ptr() and whole.shape == (3, merged[0][0].shape[-1])
+    # Beside a request that reads every slot it forwards, each still gets what it asked for.
+    two = Request(torch.tensor([[3, 4]]), None, merged[0][1], logits_to_keep=2, call=0)
+    out = model._run_joint([two] + [replace(_step(c, 5, i), last=True) for i, (_, c) in enumerate(merged) if i])
+    assert out[0][0].shape[:2] == (1, 2) and [m.dim() for m, _ in out[1:]] == [2, 2]
+
+
+def test_a_reply_is_cut_to_the_last_slot_only_for_a_request_that_asked_for_it():
+    logits = torch.arange(24.0).reshape(2, 3, 4)
+    ids = torch.zeros((2, 3), dtype=torch.long)
+    assert torch.equal(answered(Request(ids, None, None, last=True), logits, "c")[0], logits[:, -1])
+    assert answered(Request(ids, None, None), logits, "c") == (logits, "c")
+    cut = logits[:, -1]  # a merged forward's: cut already
+    assert answered(Request(ids, None, None, last=True), cut, "c")[0] is cut
