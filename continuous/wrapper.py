@@ -282,15 +282,7 @@ class ContinuousGenerator:
             texts = result.texts
             if result.complete is not None:
                 texts = [t if t is None or whole else CutShort(t) for t, whole in zip(texts, result.complete)]
-            rows, weights = result.rows, result.weights
-            if final:
-                # A call that shared forwards ends with its own memory: its state holds none of the
-                # other calls' rows (of their stacked cache, nor of the step's logits and weights).
-                if rows.cache is not None:
-                    rows.cache.settle()
-                logits, weights = owned(rows.logits), owned(weights)
-                if logits is not rows.logits:
-                    rows = replace(rows, logits=logits)
+            rows, weights = _own_memory(result.rows, result.weights) if final else (result.rows, result.weights)
             if final and model.prefix_cache is not None:
                 model.prefix_cache.insert(rows)
             return SequenceState(model, rows, weights, batch_size, samples, texts,
@@ -520,7 +512,7 @@ class Stream:
         self._engine.cancel(self._call)
         await self._engine.aclose(self._call)
         if self._final is None:
-            self._final = self.state
+            self._final = self._kept()
 
     def close(self) -> None:
         """Stop generating; ``state`` keeps what was generated (the prompt, if nothing was)."""
@@ -533,7 +525,13 @@ class Stream:
         else:
             self._alone.close()
         if self._final is None:
-            self._final = self.state
+            self._final = self._kept()
+
+    def _kept(self) -> SequenceState:
+        """The state so far, kept as the final one of a call closed early: holding only its own memory."""
+        state, self._snapshot = self.state, None  # the kept state stands for the snapshot from now on
+        rows, weights = _own_memory(state._rows, state._weights)
+        return state if rows is state._rows and weights is state._weights else state._replace(rows, weights)
 
     @property
     def first_piece_at(self) -> float | None:
@@ -552,6 +550,16 @@ class Stream:
             seen = self._seen if self._seen is not None else self._decoding.seen() if self._prepared() else None
             self._snapshot = self._state(seen()) if seen is not None else self._initial()
         return self._snapshot
+
+
+def _own_memory(rows: Rows, weights: torch.Tensor) -> tuple[Rows, torch.Tensor]:
+    """``rows`` and ``weights`` holding only their own memory, for a state kept past its call: a call
+    that shared forwards copies its rows out of the calls' stacked cache, and its logits and weights
+    out of the tensors of the steps they shared."""
+    if rows.cache is not None:
+        rows.cache.settle()
+    logits = owned(rows.logits)
+    return (rows if logits is rows.logits else replace(rows, logits=logits)), owned(weights)
 
 
 def _call_body(start: Callable[[], Decoding], state: Callable, stream: "weakref.ref[Stream]"):

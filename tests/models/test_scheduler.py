@@ -319,6 +319,27 @@ def test_a_state_continued_while_its_call_still_holds_its_rows_equals_it_continu
     assert list(final) == list(gen("User: tell me about Lima.\nAssistant:", max_tokens=30))
 
 
+def test_a_stream_closed_while_its_steps_are_shared_ends_with_a_state_of_its_own_memory(model):
+    gen = continuous(generate.text(model))
+    prompt = "User: tell me about Lima.\nAssistant:"
+
+    async def main():
+        stream = gen.astream(prompt, max_tokens=30)
+        others = [asyncio.ensure_future(gen.acall(p, max_tokens=30)) for p in ("Once upon a time", "A list: 1,")]
+        got = []
+        async for piece in stream:
+            got.append(piece)
+            if len(got) == 4:
+                break
+        await stream.aclose()
+        await asyncio.gather(*others)
+        return stream.state, got
+
+    state, got = asyncio.run(main())
+    assert str(state).startswith(prompt + "".join(got)) and _own_rows_only(state)
+    assert state.cache_bytes.shared == 0  # no other live state of the stream holds its buffer
+
+
 def test_after_the_calls_end_the_model_holds_no_cache_of_theirs(hf_model, tokenizer):
     model = models.transformers(hf_model, tokenizer, prefill_chunk=200)  # its own engine: no other test's calls
     gen = continuous(generate.text(model))
