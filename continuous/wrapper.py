@@ -531,7 +531,9 @@ class Stream:
         """The state so far, kept as the final one of a call closed early: holding only its own memory."""
         state, self._snapshot = self.state, None  # the kept state stands for the snapshot from now on
         rows, weights = _own_memory(state._rows, state._weights)
-        return state if rows is state._rows and weights is state._weights else state._replace(rows, weights)
+        if rows is state._rows and weights is state._weights:
+            return state
+        return state._replace(rows, weights, tokens_cached=state.tokens_cached)  # still the call's state
 
     @property
     def first_piece_at(self) -> float | None:

@@ -1,5 +1,6 @@
 """The automatic prefix cache: reuse equals recomputing, counts what it saves, stays within its bytes."""
 
+import asyncio
 import copy
 
 import pytest
@@ -44,6 +45,25 @@ def test_a_prompt_starting_like_a_kept_state_forwards_only_the_rest(cached, mode
     assert cached.stats.tokens_forwarded == model.stats.tokens_forwarded - common
     # The state continues as one made without the cache.
     assert list(gen(again + " More", max_tokens=5)) == list(plain(alone + " More", max_tokens=5))
+
+
+def test_a_stream_closed_while_sharing_its_steps_keeps_what_the_cache_supplied_and_only_its_own_memory(cached):
+    gen = continuous(generate.text(cached))
+    gen(SYSTEM + "User: tell me about Lima.\nAssistant:", max_tokens=4)  # kept: the stream's prompt starts alike
+
+    async def main():
+        stream = gen.astream(SYSTEM + "User: tell me about Oslo.\nAssistant:", max_tokens=20)
+        other = asyncio.ensure_future(gen.acall("Once upon a time", max_tokens=20))  # shares the stream's steps
+        async for _ in stream:
+            break
+        await stream.aclose()
+        await other
+        return stream.state
+
+    state = asyncio.run(main())
+    assert state.tokens_cached > 0
+    logits = state._rows.logits
+    assert logits.untyped_storage().nbytes() == logits.nelement() * logits.element_size()
 
 
 def test_with_healing_only_tokens_not_forwarded_again_count_as_cached(cached, model):
