@@ -266,7 +266,8 @@ def _own_rows_only(state):
     its logits and weights are tensors of its own rows (not views of the step's tensors of every call)."""
     buffer, nbytes = state._rows.cache.storage()
     tensors = [state._rows.logits, state._weights]
-    return (buffer.keys[0].shape[0] == state._rows.n_rows and state.cache_bytes.alone + state.cache_bytes.shared == nbytes
+    counted = state.cache_bytes.alone + state.cache_bytes.shared
+    return (buffer.keys[0].shape[0] == state._rows.n_rows and counted == nbytes
             and all(t.untyped_storage().nbytes() == t.nelement() * t.element_size() for t in tensors))
 
 
