@@ -225,8 +225,7 @@ def test_a_call_s_rows_of_a_stacked_buffer_read_and_settled_hold_its_slots_in_or
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.sampled_from([(2, 4, 4, CPU), (1, 8, 4, CPU), (2, 4, 8, CPU)]), min_size=1, max_size=6),
-       st.integers(1, 3),
-       st.integers(1, 5), st.booleans())
+       st.integers(1, 3), st.integers(1, 5), st.booleans())
 def test_layers_of_one_shape_share_a_tensor_and_copies_keep_them_so(shapes, rows, n, known):
     """With the layers' shapes known, each run of layers of one shape is one tensor, each layer a
     view of it: a forward's writes land in it, and a copy of some rows, or a stack, holds them
