@@ -15,6 +15,7 @@ to know: the chosen ids (and, for beams, which rows they extend).
 from __future__ import annotations
 
 import warnings
+from functools import partial
 from typing import Callable, Iterator
 
 import torch
@@ -158,18 +159,10 @@ class Decoding:
         identity = list(range(len(batch.rows)))
         step = 0
         finished = all(row.finished for row in batch.rows)
+        drawn = None  # a step's draw, when the forward before it came with it (see _forward)
         while not finished:
-            rows = [row.view() for row in batch.rows]
-            logits = batch.logits if not self.own else run(self.own, batch.logits, batch.weights, step, rows).logits
-            # The queued step's forward is made on the device's ids before the host reads them.
-            overlap = (self.overlap and self.grid.all_real and step + 1 < max(self.steps)
-                       and not any(row.finished for row in batch.rows) and _alone(self.model))
-            drawn = yield Draw(logits=logits, weights=batch.weights, constraints=batch.constraints, rows=rows,
-                               sampler=self.sampler, rng=self._rng(), sentinel=self.sentinel, after=self.after,
-                               imposed=self.speculation.imposed() if self.speculation else NOTHING_IMPOSED,
-                               step=step, queue=(lambda ids: Queued(self.model, ids, batch.cache)) if overlap else None,
-                               logprobs=self.options.logprobs is not None, family=self.family,
-                               consume=self.consume)
+            if drawn is None:
+                drawn = yield self._draw(step)
             if drawn.error is not None:
                 if drawn.queued is not None:
                     drawn.queued.give_back(count=False)
@@ -182,6 +175,7 @@ class Decoding:
             batch.record(step, drawn.step_gained, drawn.step_cost, drawn.rows)
             batch.weights = weights
             chunks, rewound = self.advance(ids_h, dead, step, self._read_logprobs(drawn))
+            drawn = None  # taken: the next step's is drawn anew, or comes with the forward's answer
             step += 1
             drafts = self.speculation.draft(self, chunks) if self.speculation is not None else None
             sent, plain, new_ids = self._append(chunks, drafts, ids_h)
@@ -201,8 +195,8 @@ class Decoding:
                 break
             if any(chunks):  # else every row went back to the start of the call: its logits are kept
                 keep = 1 + max(map(len, drafts)) if drafts else 1  # the drafts are checked on their logits
-                logits = yield from self._forward(ids if plain else new_ids, sum(map(len, sent)), plain,
-                                                  keep)
+                logits, drawn = yield from self._forward(ids if plain else new_ids, sum(map(len, sent)), plain,
+                                                         keep, step)
                 if self.speculation is not None:
                     step += self.speculation.verify(self, logits, step)
                     finished = all(row.finished for row in batch.rows)
@@ -213,6 +207,20 @@ class Decoding:
         last = [row.release() for row in batch.rows]
         if any(last):
             yield last
+
+    def _draw(self, step: int) -> Draw:
+        """The ask for the rows' next tokens (see :class:`~.draw.Draw`), after the call's own processors."""
+        batch = self.batch
+        rows = [row.view() for row in batch.rows]
+        logits = batch.logits if not self.own else run(self.own, batch.logits, batch.weights, step, rows).logits
+        # The queued step's forward is made on the device's ids before the host reads them.
+        overlap = (self.overlap and self.grid.all_real and step + 1 < max(self.steps)
+                   and not any(row.finished for row in batch.rows) and _alone(self.model))
+        return Draw(logits=logits, weights=batch.weights, constraints=batch.constraints, rows=rows,
+                    sampler=self.sampler, rng=self._rng(), sentinel=self.sentinel, after=self.after,
+                    imposed=self.speculation.imposed() if self.speculation else NOTHING_IMPOSED,
+                    step=step, queue=(lambda ids: Queued(self.model, ids, batch.cache)) if overlap else None,
+                    logprobs=self.options.logprobs is not None, family=self.family, consume=self.consume)
 
     def _hand(self, queued):
         """Hand the step's pieces to the consumer, who holds them: the call is parked until it asks
@@ -260,18 +268,37 @@ class Decoding:
                           for row, single in zip(self.batch.rows, self.batch.constraints.single)]
         return draws
 
-    def _forward(self, ids, n_real: int, plain: bool, keep: int) -> torch.Tensor:
+    def _forward(self, ids, n_real: int, plain: bool, keep: int, step: int):
         """Forward the step's new slots; each row's logits are those after its newest slot.
-        Returns the logits of the last ``keep`` slots (``[rows, keep, vocab]``; with no drafts to
-        check and ``keep == 1``, only those after the newest slot: ``[rows, vocab]``)."""
+
+        Returns the logits of the last ``keep`` slots (``[rows, keep, vocab]``) and ``None``
+        when drafts are checked on them; else ``None`` and the draw of step ``step``, which the
+        answer came with (the forward's runner took the answer with :meth:`_answered` and ran
+        the draw)."""
         batch, grid = self.batch, self.grid
         inputs = ids if plain else to_device(ids, batch.logits.device, torch.long)
-        last = keep == 1 and self.speculation is None  # the drafts' check reads every kept slot's logits
-        logits, batch.cache = yield Request(inputs, None if grid.all_real else grid.attention_mask, batch.cache,
-                                            logits_to_keep=keep, n_real=n_real, holes=grid.holes, last=last)
-        newest = logits if last else logits[:, -1]
-        batch.logits = newest if plain else torch.where(grid.last_real[:, -1:], newest, batch.logits)
-        return logits
+        checks = self.speculation is not None  # the drafts' check reads every kept slot's logits
+        reply = yield Request(inputs, None if grid.all_real else grid.attention_mask, batch.cache,
+                              logits_to_keep=keep, n_real=n_real, holes=grid.holes, last=not checks,
+                              then=None if checks else partial(self._answered, plain, step))
+        if not checks:
+            return None, reply
+        logits, batch.cache = reply
+        self._took(logits[:, -1], plain)
+        return logits, None
+
+    def _answered(self, plain: bool, step: int, logits: torch.Tensor, cache) -> Draw:
+        """Take a forward's answer (the newest slot's logits, and the cache); return the draw of
+        step ``step``."""
+        self.batch.cache = cache
+        self._took(logits, plain)
+        self.unforwarded = None
+        return self._draw(step)
+
+    def _took(self, newest: torch.Tensor, plain: bool) -> None:
+        """The logits after each row's newest slot: ``newest``, where the row forwarded a slot."""
+        batch = self.batch
+        batch.logits = newest if plain else torch.where(self.grid.last_real[:, -1:], newest, batch.logits)
 
     def _read_logprobs(self, drawn) -> list | None:
         """Per row, the sampled token's log-probability (what its weight gained) and the
@@ -348,6 +375,9 @@ def drive(steps, model):
             try:
                 reply = answered(item, *model.forward(item.input_ids, item.attention_mask, item.cache,
                                                       item.logits_to_keep, n_real=item.n_real, holes=item.holes))
+                if item.then is not None:
+                    work = item.then(*reply)
+                    reply = type(work).run_all([work])[0]
             except Exception as exc:  # noqa: BLE001 - raised where the call forwarded
                 error = exc
         elif isinstance(item, Work):

@@ -355,9 +355,17 @@ class Engine:
         """Run the call's host work until it yields a forward (kept for the step) or parks."""
         while True:
             reply, call.reply = call.reply, None
+            then, call.then = call.then, None
             try:
                 if reply is not None and reply[1] is not None:
                     item = call.steps.throw(reply[1])
+                elif then is not None:
+                    # The answer makes the call's next draw at once: the call takes the draw's result,
+                    # with no turn of its loop for the answer alone.
+                    try:
+                        item = then(*reply[0])
+                    except BaseException as exc:  # noqa: BLE001 - the call's own failure, raised where it waits
+                        item = call.steps.throw(exc)
                 else:
                     item = call.steps.send(None if reply is None else reply[0])
             except StopIteration:
@@ -411,6 +419,7 @@ class Engine:
             if not groups:
                 return ran
             ran = True
+            calls = []  # only a call advanced here may ask for more work
             for group in groups.values():
                 items = [c.work for c in group]
                 for call in group:
@@ -418,6 +427,7 @@ class Engine:
                 for call, reply in zip(group, _together(items)):
                     call.reply = reply
                     self._advance(call)
+                calls += group
 
     def _close(self, call: Call) -> None:
         """End a cancelled call where its coroutine waits; its pending forward is dropped."""
@@ -509,6 +519,7 @@ class Engine:
         call = self.table.calls.get(request.call)
         if call is not None:
             call.request, call.reply = None, (None if result is None else answered(request, *result), error)
+            call.then = request.then if error is None else None
 
     def _gauges(self) -> None:
         if self.stats is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -36,6 +36,10 @@ class Request:
     is forwarded: the first chunk makes room for all of them, so that none copies the cache.
     ``last`` asks for the logits of the last slot only, ``[rows, vocab]`` (what a decode step
     reads): a merged forward then cuts them out once for all its requests, not once each.
+    ``then``, ``then(logits, cache) -> Work``, takes the answer where it comes and returns the
+    host work the call asks for next (its next step's draw): whoever runs the request runs
+    that work, with the same work of other calls, and sends the call its result instead of
+    the answer. A call's step then needs one turn of its loop, not two.
     """
 
     input_ids: torch.Tensor
@@ -48,6 +52,7 @@ class Request:
     arrived: float = field(default_factory=time.monotonic)
     reserve: int = 0
     last: bool = False
+    then: Callable[[torch.Tensor, Any], "Work"] | None = None
 
     def __post_init__(self):
         # Read many times a step by the batching policy and the merged forward: kept, not computed.

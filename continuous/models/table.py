@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Generator
+from typing import Callable, Generator
 
 from .scheduler import Request, Work
 
@@ -37,6 +37,7 @@ class Call:
     work: Work | None = None  # its host work (a step's sampling), waiting to run with other calls'
     start: int | None = None  # where its pending forward started (a chunked prefill's cache grows)
     reply: tuple | None = None  # (result, error) of its last forward, sent when it is advanced
+    then: Callable | None = None  # what makes its next work of that result, with no turn of its loop (Request.then)
     admitted: bool = False
     ready: bool = False
     cancelled: bool = False

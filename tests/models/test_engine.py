@@ -315,6 +315,57 @@ def test_host_work_that_fails_in_a_batch_fails_only_its_own_call(backend):
     assert [-1, 4] in _Sum.batches and [-1] in _Sum.batches and [4] in _Sum.batches  # together, then alone
 
 
+def _answered_into_work(kind, values, got, turns, bad_at=None):
+    """A call's coroutine whose forwards make its next host work from their answer (``Request.then``):
+    per value, the work's result comes back where the forward was asked for. ``turns`` counts the
+    times its loop runs."""
+    _, cache = yield Request(torch.zeros((1, 2), dtype=torch.long), None, None)
+    yield READY
+    turns.append("ready")
+    result = yield _Sum(kind, values[0])
+    for i, v in enumerate(values[1:], 1):
+        got.append(result)
+
+        def then(logits, cache, v=v, i=i):
+            if i == bad_at:
+                raise KeyError("no work")
+            assert logits.shape == (1, 1, 4)  # the answer, as the request asked for it
+            return _Sum(kind, v)
+
+        result = yield Request(torch.zeros((1, 1), dtype=torch.long), None, cache, then=then)
+        turns.append(i)
+    got.append(result)
+
+
+def test_a_forward_whose_answer_makes_the_next_work_sends_that_work_s_result_in_one_turn(backend):
+    engine, _ = _engine(backend)
+    _Sum.batches = []
+    got, turns = {"a": [], "b": []}, {"a": [], "b": []}
+    a = engine.submit(_answered_into_work("x", [1, 2, 3], got["a"], turns["a"]), rows=1)
+    b = engine.submit(_working("x", [10, 20, 30], got["b"]), rows=1)
+    for call in (a, b):
+        engine.ask(call, ALL)
+    while not (a.done and b.done):
+        engine.step()
+    assert got == {"a": [2, 4, 6], "b": [20, 40, 60]}
+    assert turns["a"] == ["ready", 1, 2]  # one turn of its loop per forward: the answer alone takes none
+    assert [1, 10] in _Sum.batches and [2, 20] in _Sum.batches and [3, 30] in _Sum.batches  # with b's work
+
+
+def test_an_answer_that_fails_to_make_the_next_work_fails_only_its_call_where_it_waits(backend):
+    engine, _ = _engine(backend)
+    _Sum.batches = []
+    got, turns = {"a": [], "b": []}, []
+    a = engine.submit(_answered_into_work("x", [1, 2, 3], got["a"], turns, bad_at=2), rows=1)
+    b = engine.submit(_working("x", [10, 20, 30], got["b"]), rows=1)
+    for call in (a, b):
+        engine.ask(call, ALL)
+    while not (a.done and b.done):
+        engine.step()
+    assert isinstance(a.error, KeyError) and b.error is None
+    assert got == {"a": [2, 4], "b": [20, 40, 60]} and turns == ["ready", 1]
+
+
 def test_streams_whose_consumers_ask_again_at_once_forward_together_every_step(backend):
     """A consumer handed a piece that asks for the next one while the step waits for it has its
     call join that same step's forward: each token takes one step, for every stream."""
