@@ -73,21 +73,23 @@ class _Buffer:
                 return True
             return False
 
-    def allocate(self, shapes: list[Shape], dtype: torch.dtype, grouped: bool) -> None:
+    def allocate(self, shapes: list[Shape], dtype: torch.dtype, grouped: bool, zeroed: bool = True) -> None:
         """Zeroed layers after those held, of the given :data:`Shape`; ``grouped``: runs of one
         shape share a group, of at most :data:`GROUP_BYTES` (else each layer is a group of its
         own: what a compiled step takes).
 
         Zeros, not empty memory: a compiled step attends over the whole capacity, and a NaN
-        bit pattern in an unused slot would leak through a zero weight.
+        bit pattern in an unused slot would leak through a zero weight. Without ``zeroed``
+        the memory is left as it is, for a caller that writes every slot itself.
         """
         self.grouped = grouped
+        make = torch.zeros if zeroed else torch.empty
         for count, (heads, key_dim, value_dim, device) in _runs(shapes):
             layer = self.rows * heads * self.capacity * max(key_dim, value_dim) * dtype.itemsize
             most = max(1, GROUP_BYTES // layer) if grouped else 1
             for n in [most] * (count // most) + [count % most] * bool(count % most):
-                keys = torch.zeros((n, self.rows, heads, self.capacity, key_dim), dtype=dtype, device=device)
-                values = torch.zeros((n, self.rows, heads, self.capacity, value_dim), dtype=dtype, device=device)
+                keys = make((n, self.rows, heads, self.capacity, key_dim), dtype=dtype, device=device)
+                values = make((n, self.rows, heads, self.capacity, value_dim), dtype=dtype, device=device)
                 self.groups.append((keys, values))
                 self.keys += keys.unbind(0)
                 self.values += values.unbind(0)
@@ -153,10 +155,13 @@ def _copied(buffer: _Buffer, rows: int, length: int, capacity: int, write: Calla
     # Inference tensors, as those a forward allocates: a compiled step is specialized on
     # the kind of tensor, so a copied buffer of another kind would compile it again.
     with torch.inference_mode():
-        new.allocate(buffer.shapes(), buffer.keys[0].dtype, buffer.grouped)
+        # Left empty, not zeroed: the copy writes the slots up to ``length``, and only those past
+        # it are zeroed (zeroing all of it first would write most of the memory twice).
+        new.allocate(buffer.shapes(), buffer.keys[0].dtype, buffer.grouped, zeroed=False)
         for first, count in _pieces(buffer.bounds(), new.bounds()):
             for t, out in zip(buffer.span(first, count), new.span(first, count)):
                 write(t, out[:, :, :, :length])
+                out[:, :, :, length:].zero_()
     new.filled = length
     return new
 
