@@ -85,7 +85,7 @@ class SequenceState:
     __slots__ = ("_rows", "_weights", "batch_size", "num_samples", "model", "_values", "_parse", "_reasons",
                  "_logprobs", "_costs", "_scores", "tokens_cached", "__weakref__")
 
-    def __init__(self, model, rows: Rows, weights: torch.Tensor, batch_size: int, num_samples: int,
+    def __init__(self, model, rows: Rows, weights: torch.Tensor, batch_size: int, num_samples: int, *,
                  values: Sequence[str] | None = None, parse: Callable[[str], Any] | None = None,
                  reasons: Sequence[str | None] | None = None, logprobs: Sequence[list] | None = None,
                  costs: Sequence[float] | None = None, choice_scores: Sequence[dict] | None = None,
@@ -294,11 +294,11 @@ class SequenceState:
             self.model, rows, self._weights if weights is None else weights,
             self.batch_size if batch_size is None else batch_size,
             self.num_samples if num_samples is None else num_samples,
-            self._values if values is ... else values, self._parse,
-            self._reasons if reasons is ... else reasons,
-            self._logprobs if logprobs is ... else logprobs,
-            self._costs if costs is ... else costs,
-            self._scores if choice_scores is ... else choice_scores, tokens_cached,
+            values=self._values if values is ... else values, parse=self._parse,
+            reasons=self._reasons if reasons is ... else reasons,
+            logprobs=self._logprobs if logprobs is ... else logprobs,
+            costs=self._costs if costs is ... else costs,
+            choice_scores=self._scores if choice_scores is ... else choice_scores, tokens_cached=tokens_cached,
         )
 
     # ------------------------------------------------------------------ indexing

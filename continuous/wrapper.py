@@ -285,9 +285,9 @@ class ContinuousGenerator:
             rows, weights = _own_memory(result.rows, result.weights) if final else (result.rows, result.weights)
             if final and model.prefix_cache is not None:
                 model.prefix_cache.insert(rows)
-            return SequenceState(model, rows, weights, batch_size, samples, texts,
-                                 generator.parse, result.reasons, result.logprobs, result.costs, scores,
-                                 tokens_cached=cached)
+            return SequenceState(model, rows, weights, batch_size, samples, values=texts, parse=generator.parse,
+                                 reasons=result.reasons, logprobs=result.logprobs, costs=result.costs,
+                                 choice_scores=scores, tokens_cached=cached)
 
         tag = generator.tagger()  # pieces of a thinking section say which part they are
 

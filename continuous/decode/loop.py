@@ -351,7 +351,8 @@ class Decoding:
         logprobs = None if self.options.logprobs is None else [
             logprob_texts(self.tokenizer, self.token_texts, row.history.logprobs) for row in rows]
         return Generation(out, weights.cpu(), [row.value_text(w) for row, w in zip(rows, whole)],
-                          whole if accepts is not None else None, reasons, logprobs, cost().tolist())
+                          complete=whole if accepts is not None else None, reasons=reasons, logprobs=logprobs,
+                          costs=cost().tolist())
 
 
 def _alone(model) -> bool:
