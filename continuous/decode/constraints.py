@@ -59,6 +59,7 @@ class RowConstraints:
         self.single: list[int | None] = [None] * rows  # the one allowed token of a row, if one
         # Free text may emit any real token; ids past the tokenizer (padded embeddings) never.
         self.free = None
+        self._free_bias = None  # free's bias (see bias), made once
         if n_tokens < vocab_size:
             self.free = torch.zeros(vocab_size, dtype=torch.bool, device=device)
             self.free[:n_tokens] = True
@@ -100,6 +101,24 @@ class RowConstraints:
         if self.matchers is None:
             return self.free
         return self.unpacked(self.bitmask)
+
+    def bias(self) -> torch.Tensor | None:
+        """:meth:`allowed` as a bias to add to the logits: 0 where a token is allowed, ``-inf`` where
+        not (``[vocab_size]`` for free text; ``None`` when every token is allowed)."""
+        if self.matchers is None:
+            if self.free is not None and self._free_bias is None:
+                self._free_bias = torch.zeros(self.vocab_size, device=self.device).masked_fill_(~self.free, -torch.inf)
+            return self._free_bias
+        return self.bias_of(self.bitmask)
+
+    def bias_of(self, bitmask: torch.Tensor) -> torch.Tensor:
+        """:meth:`unpacked` as a bias (see :meth:`bias`)."""
+        bias = bits.bias(bitmask.to(self.device, non_blocking=True), self.vocab_size)
+        if self.also_eos:
+            bias[:, self.also_eos] = bias[:, self.eos, None].clone()
+        if self.free is not None:
+            bias[:, self.n_tokens :] = -torch.inf
+        return bias
 
     def unpacked(self, bitmask: torch.Tensor) -> torch.Tensor:
         """Boolean ``[n, vocab_size]`` on the device of packed rows like :attr:`bitmask`'s (or copies

@@ -135,10 +135,10 @@ class Constrained:
         self.parts = parts
 
     def __call__(self, scores: Scores) -> None:
-        allowed = self._allowed()
-        if allowed is None:
+        bias = self._bias()
+        if bias is None:
             return
-        masked = scores.logits.masked_fill(~allowed, -torch.inf)
+        masked = scores.logits + bias.to(scores.logits.dtype)  # -inf where not allowed
         if any(c.constraint is not None for c in self.parts):
             total, kept = _logsumexp(scores.logits.float()), _logsumexp(masked.float())
             # A row with nothing allowed takes no token: it removed nothing it went on with.
@@ -149,13 +149,13 @@ class Constrained:
             scores.cost = cost
         scores.logits = masked
 
-    def _allowed(self) -> torch.Tensor | None:
+    def _bias(self) -> torch.Tensor | None:
         first = self.parts[0]
         if len(self.parts) == 1 or all(c.matchers is None for c in self.parts):
-            return first.allowed()  # free text: the same for every call of a model
+            return first.bias()  # free text: the same for every call of a model
         # A call of free text among constrained ones: all its tokens allowed (-1: every bit set).
         packed = [c.bitmask if c.matchers is not None else torch.full_like(c.bitmask, -1) for c in self.parts]
-        return first.unpacked(torch.cat(packed))
+        return first.bias_of(torch.cat(packed))
 
 
 def _logsumexp(x: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-__all__ = ["words", "pack", "has", "clear", "only", "only_rows", "unpack", "fill_row"]
+__all__ = ["words", "pack", "has", "clear", "only", "only_rows", "unpack", "bias", "fill_row"]
 
 
 def words(n_tokens: int) -> int:
@@ -72,10 +72,43 @@ _UNPACK: dict = {}
 
 def unpack(rows: torch.Tensor, n: int) -> torch.Tensor:
     """Boolean ``[rows, n]`` of packed int32 rows, computed on their device."""
+    if rows.device.type == "cpu":
+        # numpy unpacks bits in one pass; the device's way makes an int32 for each bit first
+        # (16 rows of a 128k vocabulary: about 4 ms a step on a CPU, against 0.2 ms).
+        packed = rows.contiguous().numpy().view(np.uint8)
+        return torch.from_numpy(np.unpackbits(packed, axis=1, count=n, bitorder="little")).view(torch.bool)
+    return _unpack_on_device(rows, n)
+
+
+def _unpack_on_device(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """:func:`unpack` with tensor operations, which a device runs in parallel."""
     table = _UNPACK.get(rows.device)
     if table is None:
         table = _UNPACK[rows.device] = _weights(rows.device)
     return ((rows.unsqueeze(-1) & table) != 0).view(rows.shape[0], -1)[:, :n]
+
+
+#: Per byte value, the bias of its 8 tokens (bit ``k``: token ``k``): 0 when allowed, ``-inf`` when not.
+_BYTE_BIAS = np.where(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little"),
+                      np.float32(0), np.float32(-np.inf))
+
+
+def bias(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """Float32 ``[rows, n]`` of packed int32 rows, 0 where a token is allowed and ``-inf`` where it
+    is not: added to logits, it forbids what the rows do not allow. Computed on their device.
+
+    On a CPU, adding it costs a tenth of ``masked_fill`` with the boolean mask (whose kernel
+    reads booleans element by element): 0.7 against 4 ms for 16 rows of a 49,152-token vocabulary.
+    """
+    if rows.device.type == "cpu":
+        table = np.take(_BYTE_BIAS, rows.contiguous().numpy().view(np.uint8), axis=0)
+        return torch.from_numpy(table.reshape(rows.shape[0], -1)[:, :n])
+    return _bias_on_device(rows, n)
+
+
+def _bias_on_device(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """:func:`bias` with tensor operations, which a device runs in parallel."""
+    return torch.zeros((rows.shape[0], n), device=rows.device).masked_fill_(~_unpack_on_device(rows, n), -torch.inf)
 
 
 def fill_row(row: torch.Tensor, n_words: int, write: Callable[[torch.Tensor], None]) -> None:

@@ -118,3 +118,25 @@ def test_a_draw_whose_matchers_fail_fails_only_its_call_and_the_others_masks_are
         bad.send(out[1])
     good.send(out[0])  # the other call takes its token and goes on to its forward
     assert len(decodings[0].batch.rows[0].tokens) == 1
+
+
+@pytest.mark.parametrize("padded", [0, 37])
+def test_the_bias_forbids_exactly_what_the_mask_does_also_eos_and_padded_ids_included(tokenizer, padded):
+    """``bias()`` (added to logits) and ``allowed()`` (a boolean mask) say the same, row by row: an
+    end-of-turn id where EOS is allowed, no id past the tokenizer's (a padded vocabulary)."""
+    n = len(tokenizer)
+    also = [t for t in range(n) if t != tokenizer.eos_token_id][-2:]
+    constraint = regex("(Paris|Rome)[.!]?", tokenizer)
+    constraints = RowConstraints(constraint, 3, n + padded, n, tokenizer.eos_token_id, torch.device("cpu"),
+                                 also_eos=also)
+    for token in tokenizer("Paris", add_special_tokens=False)["input_ids"]:
+        constraints.advance(1, token)
+    bias, allowed = constraints.bias(), constraints.allowed()
+    assert bias.shape == allowed.shape == (3, n + padded) and bias.dtype == torch.float32
+    assert torch.equal(bias == 0, allowed) and bool(torch.isneginf(bias[~allowed]).all())
+    assert bool(allowed[1, also].all())  # row 1 may end: so may it with the end-of-turn ids
+    free = RowConstraints(None, 2, n + padded, n, tokenizer.eos_token_id, torch.device("cpu"))
+    if padded:
+        assert torch.equal(free.bias() == 0, free.allowed()) and free.bias().shape == (n + padded,)
+    else:
+        assert free.bias() is None and free.allowed() is None

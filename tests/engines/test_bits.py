@@ -23,7 +23,13 @@ def _packed(ids: set[int]) -> torch.Tensor:
 def test_rows_unpack_to_their_tokens_and_a_lone_token_is_found_in_each_row(sets):
     rows = torch.stack([_packed(ids) for ids in sets])
     allowed = bits.unpack(rows, N_TOKENS)
+    assert allowed.shape == (len(sets), N_TOKENS) and allowed.dtype == torch.bool
     assert [set(torch.nonzero(row).flatten().tolist()) for row in allowed] == sets
+    assert torch.equal(bits._unpack_on_device(rows, N_TOKENS), allowed)  # a GPU's way, run here
+    bias = bits.bias(rows, N_TOKENS)
+    assert bias.shape == allowed.shape and torch.equal(bias == 0, allowed)
+    assert bool(torch.isneginf(bias[~allowed]).all())
+    assert torch.equal(bits._bias_on_device(rows, N_TOKENS), bias)
     lone = [next(iter(ids)) if len(ids) == 1 else None for ids in sets]
     assert [bits.only(row) for row in rows] == lone
     assert bits.only_rows(rows) == lone  # all rows at once, as each alone
