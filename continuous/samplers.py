@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 __all__ = ["Sampler", "Greedy", "Multinomial", "BeamSearch", "RowDraws", "greedy", "multinomial", "beam_search",
@@ -152,10 +153,14 @@ class Greedy(Sampler):
         _check_count(self.samples, "samples")
 
     def __call__(self, logits, weights, rng=None):
-        # ``max``, not ``argmax`` then a gather: the same first likeliest token, with its
-        # log-probability, in one pass (on a CPU, argmax alone is slower: 1.7 against 1.0 ms for
-        # 16 rows of a 49,152-token vocabulary).
-        best, ids = self.logprobs(logits).max(dim=-1)
+        logprobs = self.logprobs(logits)
+        if logprobs.device.type == "cpu" and logprobs.dtype in (torch.float32, torch.float64):
+            # The first likeliest token, as torch's ``max`` finds it, in a tenth of its time on a CPU
+            # (0.12 against 1.5 ms for 16 rows of a 49,152-token vocabulary).
+            ids = torch.from_numpy(np.argmax(logprobs.numpy(), axis=-1))
+            best = logprobs.gather(1, ids[:, None]).squeeze(1)
+        else:
+            best, ids = logprobs.max(dim=-1)
         ancestors = torch.arange(logits.shape[0], device=logits.device)
         return ids, ancestors, weights + best
 
@@ -210,21 +215,41 @@ def filtered(logits: torch.Tensor, temperature, top_k, top_p, min_p) -> torch.Te
         # A token stays when its probability is at least min_p times the likeliest one's.
         logprobs = torch.log_softmax(logits, dim=-1)
         log_min = min_p if torch.is_tensor(min_p) else math.log(min_p)
-        logits = logits.masked_fill(logprobs < logprobs.max(dim=-1, keepdim=True).values + log_min, -torch.inf)
+        logits = _forbid(logits, logprobs < logprobs.amax(dim=-1, keepdim=True) + log_min)
     if top_k is not None and (torch.is_tensor(top_k) or top_k < logits.shape[-1]):
         if torch.is_tensor(top_k):
-            kth = logits.sort(dim=-1, descending=True).values.gather(1, top_k.clamp(max=logits.shape[-1]) - 1)
+            kth = _descending(logits)[0].gather(1, top_k.clamp(max=logits.shape[-1]) - 1)
         else:
             kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, -torch.inf)
+        logits = _forbid(logits, logits < kth)
     if top_p is not None and (torch.is_tensor(top_p) or top_p < 1.0):
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        sorted_logits, order = _descending(logits)
+        probs = torch.softmax(sorted_logits, dim=-1)
         # Drop a token when the tokens before it already hold top_p of the mass.
-        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p
+        drop_sorted = (probs.cumsum(-1) - probs) >= top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, -torch.inf)
+        logits = _forbid(logits, drop)
     return logits
+
+
+def _descending(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's logits from the largest, and their order (``torch.sort``'s, descending). On a
+    CPU, numpy sorts (14 against 68 ms for 16 rows of 49,152 tokens); tied logits may come in
+    another order than torch's, as they may on another device."""
+    if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.float64):
+        return torch.sort(logits, descending=True, dim=-1)
+    order = torch.from_numpy(np.argsort(-logits.numpy(), axis=-1))
+    return logits.gather(-1, order), order
+
+
+def _forbid(logits: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
+    """``logits.masked_fill(drop, -inf)``. On a CPU, ``logits`` plus a bias made from ``drop``'s bytes:
+    ``masked_fill`` reads booleans one by one there (5 against 1 ms for 16 rows of 49,152 tokens)."""
+    if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.float64):
+        return logits.masked_fill(drop, -torch.inf)
+    # 1 * -inf is -inf and 0 * -inf is NaN, which becomes the 0 of a token kept.
+    bias = drop.view(torch.uint8).to(logits.dtype).mul_(-torch.inf).nan_to_num_(nan=0.0, neginf=-torch.inf)
+    return logits + bias
 
 
 @dataclass(frozen=True, eq=False)
@@ -261,6 +286,9 @@ class _PerRow(Sampler):
         return _sample(self.logprobs(logits), weights, rng)
 
 
+_FLOOR = math.exp(-700.0)
+
+
 def _sample(logprobs: torch.Tensor, weights: torch.Tensor, rng) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Inverse-CDF sampling from uniform draws of a CPU generator: the same seed gives the
     same tokens whatever the device, and nothing but the draws crosses to it."""
@@ -268,7 +296,10 @@ def _sample(logprobs: torch.Tensor, weights: torch.Tensor, rng) -> tuple[torch.T
         u = rng.uniform().to(logprobs.device)
     else:
         u = torch.rand(logprobs.shape[0], 1, generator=rng, dtype=torch.float64).to(logprobs.device)
-    cdf = logprobs.double().exp().cumsum(-1)
+    # exp(-inf) (a forbidden token) is slow on some CPUs (11 against 3 ms for 16 rows of 49,152 tokens,
+    # most forbidden): the floor e^-700, a normal double, is taken and given back, leaving every
+    # probability above 1e-288 exactly as it was and a forbidden token's exactly 0.
+    cdf = logprobs.double().clamp_(min=-700.0).exp_().sub_(_FLOOR).cumsum(-1)
     # The first token whose CDF exceeds the draw: it has a positive probability. A row
     # with nothing allowed finds none; it gets the last id, which the loop sees is forbidden.
     ids = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1).clamp_(max=logprobs.shape[-1] - 1)

@@ -33,6 +33,32 @@ def test_greedy_takes_the_first_of_tied_likeliest_tokens_and_its_log_probability
     assert torch.equal(w.isnan(), want.isnan()) and torch.equal(w[~w.isnan()], want[~want.isnan()])
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.just(-float("inf")), st.floats(-699.0, 30.0)), min_size=6, max_size=6),
+                min_size=1, max_size=4), st.integers(0, 2**32))
+def test_a_sample_is_the_inverse_cdf_token_of_its_draw_and_never_a_forbidden_one(rows, seed):
+    """The token a draw picks is the first whose cumulative probability exceeds it, computed in
+    float64 from ``exp`` of each log-probability; forbidden tokens (``-inf``) are never picked."""
+    logprobs = torch.log_softmax(torch.tensor(rows), -1)
+    ids, _, w = samplers._sample(logprobs, torch.zeros(len(rows)), torch.Generator().manual_seed(seed))
+    u = torch.rand(len(rows), 1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    cdf = logprobs.double().exp().cumsum(-1)
+    want = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1).clamp(max=len(rows[0]) - 1)
+    assert ids.tolist() == want.tolist()
+    allowed = [any(v > -float("inf") for v in row) for row in rows]
+    assert all(not ok or logprobs[r, ids[r]] > -float("inf") for r, ok in enumerate(allowed))
+    assert torch.equal(w[torch.tensor(allowed)], logprobs.gather(1, ids[:, None]).squeeze(1)[torch.tensor(allowed)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.just(-float("inf")), st.floats(-1e30, 1e30)), st.booleans()), min_size=1,
+                max_size=40), st.sampled_from([torch.float32, torch.float64]))
+def test_forbidding_tokens_gives_masked_fill_s_logits(cells, dtype):
+    lg = torch.tensor([v for v, _ in cells], dtype=dtype)[None]
+    drop = torch.tensor([d for _, d in cells])[None]
+    assert torch.equal(samplers._forbid(lg, drop), lg.masked_fill(drop, -torch.inf))
+
+
 def test_multinomial_respects_mask_top_k_top_p():
     lg = logits()
     lg[:, 10:] = -torch.inf
