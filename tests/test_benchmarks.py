@@ -31,6 +31,7 @@ KEYS = {
                     "forwards_per_output_token": {"token", "ff", "lookup_ff", "hf", "hf_lookup"}},
     "serve": {"models": {"small"}},
     "llamacpp": {"f32": {"decode", "chat", "json", "concurrent", "memory_mb"}, "q4_1": {"decode", "memory_mb"}},
+    "draw": {"ms_per_step": {"2048", "49152"}},
     "engine": {"kinds": {"text", "json"},
                "streams": {"async_for_vs_one_call", "server_vs_one_call", "identical_to_alone"}},
 }
@@ -75,6 +76,13 @@ def run(name, *args, limit=RUN_S):
 @bench()
 def test_benchmark_prints_its_figures(name):
     run(name)
+
+
+@bench()
+def test_draw_benchmark_times_every_kind_of_step_for_both_ways():
+    for figures in run("draw")["ms_per_step"].values():
+        assert set(figures) == {"greedy", "sample", "top_p", "mask"}
+        assert all(f["library"] > 0 and f["transformers"] > 0 for f in figures.values())
 
 
 @bench()
