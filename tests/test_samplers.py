@@ -1,5 +1,7 @@
 """Samplers return (next ids, ancestors, weights) and respect masks."""
 
+from unittest.mock import patch
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -57,6 +59,26 @@ def test_forbidding_tokens_gives_masked_fill_s_logits(cells, dtype):
     lg = torch.tensor([v for v, _ in cells], dtype=dtype)[None]
     drop = torch.tensor([d for _, d in cells])[None]
     assert torch.equal(samplers._forbid(lg, drop), lg.masked_fill(drop, -torch.inf))
+
+
+def _top_p_by_full_sort(logits, top_p):
+    values, order = torch.sort(logits, descending=True, dim=-1)
+    probs = torch.softmax(values, -1)
+    drop_sorted = (probs.cumsum(-1) - probs) >= top_p
+    return torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+
+
+@settings(max_examples=80, deadline=None)
+# Distinct in float32: tied logits may be kept in either order.
+@given(st.lists(st.lists(st.floats(-20, 20, width=32), min_size=40, max_size=40, unique=True), min_size=1, max_size=4),
+       st.lists(st.sampled_from([0.1, 0.5, 0.9, 0.99, 2.0]), min_size=4, max_size=4), st.booleans())
+def test_top_p_drops_what_a_sort_of_every_token_drops(rows, per_row, scalar):
+    """Top-p looks at each row's likeliest few first (here 4, then 16, then all 40): it drops the
+    same tokens as a sort of every token, for one top-p or one per row (2: no top-p for that row)."""
+    logits = torch.tensor(rows)
+    top_p = per_row[0] if scalar and per_row[0] < 1 else torch.tensor(per_row[: len(rows)])[:, None]
+    with patch.object(samplers, "_HEADS", (4, 16)):
+        assert torch.equal(samplers._past_top_p(logits, top_p), _top_p_by_full_sort(logits, top_p))
 
 
 def test_multinomial_respects_mask_top_k_top_p():
