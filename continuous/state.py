@@ -289,7 +289,7 @@ class SequenceState:
         return self._replace(self._rows.drop_cache())
 
     def _replace(self, rows: Rows, weights=None, batch_size=None, num_samples=None, values=..., reasons=...,
-                 logprobs=..., costs=..., choice_scores=..., tokens_cached: int = 0):
+                 logprobs=..., costs=..., choice_scores=...):
         return SequenceState(
             self.model, rows, self._weights if weights is None else weights,
             self.batch_size if batch_size is None else batch_size,
@@ -298,7 +298,7 @@ class SequenceState:
             reasons=self._reasons if reasons is ... else reasons,
             logprobs=self._logprobs if logprobs is ... else logprobs,
             costs=self._costs if costs is ... else costs,
-            choice_scores=self._scores if choice_scores is ... else choice_scores, tokens_cached=tokens_cached,
+            choice_scores=self._scores if choice_scores is ... else choice_scores,
         )
 
     # ------------------------------------------------------------------ indexing

@@ -282,7 +282,7 @@ class ContinuousGenerator:
             texts = result.texts
             if result.complete is not None:
                 texts = [t if t is None or whole else CutShort(t) for t, whole in zip(texts, result.complete)]
-            rows, weights = _own_memory(result.rows, result.weights) if final else (result.rows, result.weights)
+            rows, weights = _own_memory(result.rows, result.weights)  # a state may be kept: it holds its own memory
             if final and model.prefix_cache is not None:
                 model.prefix_cache.insert(rows)
             return SequenceState(model, rows, weights, batch_size, samples, values=texts, parse=generator.parse,
@@ -528,12 +528,10 @@ class Stream:
             self._final = self._kept()
 
     def _kept(self) -> SequenceState:
-        """The state so far, kept as the final one of a call closed early: holding only its own memory."""
-        state, self._snapshot = self.state, None  # the kept state stands for the snapshot from now on
-        rows, weights = _own_memory(state._rows, state._weights)
-        if rows is state._rows and weights is state._weights:
-            return state
-        return state._replace(rows, weights, tokens_cached=state.tokens_cached)  # still the call's state
+        """The state so far, kept as the final one of a call closed early."""
+        state = self.state
+        self._snapshot, self._seen = None, None  # the kept state stands for them from now on
+        return state
 
     @property
     def first_piece_at(self) -> float | None:

@@ -341,6 +341,28 @@ def test_a_stream_closed_while_its_steps_are_shared_ends_with_a_state_of_its_own
     assert state.cache_bytes.shared == 0  # no other live state of the stream holds its buffer
 
 
+def test_a_state_read_mid_stream_while_steps_are_shared_holds_only_its_own_memory(model):
+    """A consumer may keep the state it read mid-stream: it holds its own rows, not the stacked cache
+    of every call sharing the steps, nor the step's logits of them all."""
+    gen = continuous(generate.text(model))
+    prompt = "User: tell me about Lima.\nAssistant:"
+
+    async def main():
+        stream = gen.astream(prompt, max_tokens=12)
+        others = [asyncio.ensure_future(gen.acall(p, max_tokens=30)) for p in ("Once upon a time", "A list: 1,")]
+        got, kept = [], None
+        async for piece in stream:
+            got.append(piece)
+            if len(got) == 4:
+                kept = stream.state
+        await asyncio.gather(*others)
+        return kept, got
+
+    kept, got = asyncio.run(main())
+    assert str(kept) == prompt + "".join(got[:4]) and _own_rows_only(kept)
+    assert str(gen(kept, max_tokens=5)).startswith(str(kept))  # and it goes on
+
+
 def test_after_the_calls_end_the_model_holds_no_cache_of_theirs(hf_model, tokenizer):
     model = models.transformers(hf_model, tokenizer, prefill_chunk=200)  # its own engine: no other test's calls
     gen = continuous(generate.text(model))
