@@ -19,6 +19,8 @@ from typing import Any, Sequence
 
 import torch
 
+from .engines import caches
+
 __all__ = ["Text", "Rows", "encode", "encode_after", "retokenize", "interior_holes", "dense"]
 
 
@@ -82,6 +84,16 @@ def _encoded(tokenizer, text: str, prefix: bool, split: bool = False) -> tuple[l
     return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
 
 
+def special_prefix(tokenizer) -> str | None:
+    """The text of the special prefix (BOS) the tokenizer adds to an encoded text (``None``: it adds
+    none); found once per tokenizer, not once per prompt."""
+    def build() -> str | None:
+        prefix = tokenizer("", add_special_tokens=True)["input_ids"]
+        return tokenizer.decode(prefix) if prefix else None
+
+    return caches.derived(tokenizer, "special prefix", build)
+
+
 def encode(tokenizer, text: str, special: bool) -> tuple[list[int], list[int]]:
     """Token ids of ``text`` and the character end of each token.
 
@@ -91,9 +103,9 @@ def encode(tokenizer, text: str, special: bool) -> tuple[list[int], list[int]]:
     :class:`Text` are encoded as text (see :func:`_as_text`).
     """
     if special and text:
-        prefix = tokenizer("", add_special_tokens=True)["input_ids"]
+        prefix = special_prefix(tokenizer)
         at_start = any(a == 0 for a, _ in getattr(text, "plain", ()))  # a message's text, not a rendered BOS
-        special = not (prefix and text.startswith(tokenizer.decode(prefix)) and not at_start)
+        special = not (prefix is not None and text.startswith(prefix) and not at_start)
     ids, offsets = _encoded(tokenizer, text, special)
     if getattr(text, "plain", ()):
         ids, offsets = _as_text(tokenizer, text, ids, offsets)
@@ -285,13 +297,10 @@ class Rows:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         encoded = [encode(tokenizer, t, special=True) for t in texts]
         width = max(len(ids) for ids, _ in encoded)
-        token_ids = torch.full((len(texts), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(texts), width), dtype=torch.long)
-        for r, (ids, _) in enumerate(encoded):
-            if ids:
-                token_ids[r, width - len(ids):] = torch.tensor(ids)
-                mask[r, width - len(ids):] = 1
-        return cls(token_ids, mask, None, tuple(texts), tuple(tuple(e) for _, e in encoded),
+        # Made whole from lists: one tensor each, not a write per row (a call's start pays them).
+        token_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids, _ in encoded], dtype=torch.long)
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in encoded], dtype=torch.long)
+        return cls(token_ids.reshape(len(texts), width), mask.reshape(len(texts), width), None, tuple(texts), tuple(tuple(e) for _, e in encoded),
                    None, (False,) * len(texts), pad)
 
     @property
