@@ -39,10 +39,10 @@ class Advance:
         """Move the matchers of the rows that take their sampled token past it, leaving their
         masks to be written together (:meth:`~.constraints.RowConstraints.refresh_all`, by the
         draw); returns those rows. The step's :meth:`__call__` then takes them on from there."""
-        constraints, rows = self.batch.constraints, self.batch.rows
+        constraints, states = self.batch.constraints, self.batch.states
         if constraints.matchers is None:
             return []
-        taken = [r for r, t in enumerate(ids) if not rows[r].finished and not dead[r] and t not in self.eos]
+        taken = [r for r, t in enumerate(ids) if not states[r].finished and not dead[r] and t not in self.eos]
         self._consumed = {r: constraints.single[r] for r in taken}  # what the sampled token was chosen among
         for r in taken:
             constraints.consume(r, ids[r])
@@ -57,7 +57,7 @@ class Advance:
         step go on from there."""
         chunks, rewound = [], 0
         for r, t in enumerate(ids):
-            row, chunk, matches = self.batch.rows[r], [], []
+            row, chunk, matches = self.batch.states[r], [], []
             if row.finished or dead[r]:
                 if not row.finished:
                     self._no_token(r, row)
@@ -92,7 +92,7 @@ class Advance:
     def _take(self, r: int, t: int, step: int, logprob: tuple | None) -> tuple[list[int], list]:
         """Row ``r`` takes token ``t``, then any the constraint forces (fast-forward); returns
         them and the banned matches they make."""
-        row, chunk, constraints = self.batch.rows[r], [t], self.batch.constraints
+        row, chunk, constraints = self.batch.states[r], [t], self.batch.constraints
         consumed = r in self._consumed
         # A token the constraint forced (the only one allowed) was not chosen: it carries no weight.
         single = self._consumed[r] if consumed else constraints.single[r]
@@ -128,7 +128,7 @@ class Advance:
         The row's weight loses the removed tokens' log-probabilities, its constraint rolls
         back, and the slots of removed tokens already in the grid become holes.
         """
-        batch, row = self.batch, self.batch.rows[r]
+        batch, row = self.batch, self.batch.states[r]
         forwarded = len(row.history.slots)
         # A soft ban sampled again where it was down-weighted stands: the next match counts.
         undone = next(filter(None, (row.rewind(match, self.tokenizer) for match in matches)), None)

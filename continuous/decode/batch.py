@@ -44,7 +44,7 @@ class Batch:
         Their constraint matchers and allowed tokens.
     draws
         Their random streams (``None`` when the sampler draws nothing).
-    rows
+    states
         Their text and history.
     logits_ok
         Whether each row's ``logits`` are those after its newest token.
@@ -59,11 +59,11 @@ class Batch:
     grid: Grid
     constraints: RowConstraints
     draws: RowDraws | None
-    rows: list[RowState]
+    states: list[RowState]
     logits_ok: list[bool]
     # Steps recorded and not yet written into ``gained`` and ``cost``: writing each step at
     # once would be a device op per call per step (a kernel launch on a GPU).
-    _recorded: list[tuple[int, torch.Tensor, torch.Tensor | None]] = field(default_factory=list, repr=False)
+    _recorded: list[tuple[int, torch.Tensor, torch.Tensor | None, slice]] = field(default_factory=list, repr=False)
 
     def select(self, rows: list[int], index: torch.Tensor) -> None:
         """Row ``i`` becomes row ``rows[i]`` in every field (``index``: ``rows`` on the device)."""
@@ -73,11 +73,11 @@ class Batch:
                 setattr(self, f.name, _select(getattr(self, f.name), rows, index))
 
     def record(self, step: int, gained: torch.Tensor, cost: torch.Tensor | None = None,
-               rows: slice = slice(None)) -> None:
+               span: slice = slice(None)) -> None:
         """Keep what step ``step`` added to each row's weight, and the nats the constraint removed
-        (``None``: none): ``gained[rows]`` and ``cost[rows]`` are the rows' (a step shared by
+        (``None``: none): ``gained[span]`` and ``cost[span]`` are the rows' (a step shared by
         several calls records its tensors of every row, taken apart only when written)."""
-        self._recorded.append((step, gained, cost, rows))
+        self._recorded.append((step, gained, cost, span))
         if len(self._recorded) >= _SETTLE_EVERY:
             self.settle()
 

@@ -43,7 +43,7 @@ class Draw(Work):
         ``[rows]`` the rows' weights before the step.
     constraints
         The rows' constraints (their masks).
-    rows
+    views
         Each row's :class:`~continuous.decode.rows.RowView`.
     sampler
         The call's sampler.
@@ -77,7 +77,7 @@ class Draw(Work):
     logits: torch.Tensor
     weights: torch.Tensor
     constraints: RowConstraints
-    rows: list[RowView]
+    views: list[RowView]
     sampler: Sampler
     rng: Any
     sentinel: int
@@ -105,10 +105,10 @@ class Draw(Work):
     @staticmethod
     def run_all(draws: list["Draw"]) -> list["Drawn"]:
         """Choose the next tokens of every draw's rows at once (draws of one :attr:`key`)."""
-        counts = [len(d.rows) for d in draws]
+        counts = [len(d.views) for d in draws]
         logits = cat_rows([d.logits for d in draws])
         before = cat_rows([d.weights for d in draws])
-        scores = Scores(logits, before, draws[0].step, [v for d in draws for v in d.rows])
+        scores = Scores(logits, before, draws[0].step, [v for d in draws for v in d.views])
         for processor in shared([d.constraints for d in draws], draws[0].sentinel) + draws[0].after:
             processor(scores)
         rng = _draws(draws)
@@ -133,12 +133,12 @@ class Draw(Work):
         host_gained = gained_h[0] if gained_h else None
         out, at = [], 0
         for d, n, q, (ids_d, weights_d) in zip(draws, counts, queued, parts):
-            rows = slice(at, at + n)
+            span = slice(at, at + n)
             cost = None if d.constraints.constraint is None else scores.cost
-            out.append(Drawn(ids=ids_d, ancestors=ancestors if joint else None, weights=weights_d, rows=rows,
-                             step_gained=gained, step_logits=scores.logits, step_cost=cost, ids_h=host[0][rows],
-                             ancestors_h=host[2] if joint else None, dead=host[1][rows], queued=q,
-                             gained_h=host_gained[rows] if d.logprobs else None))
+            out.append(Drawn(ids=ids_d, ancestors=ancestors if joint else None, weights=weights_d, span=span,
+                             step_gained=gained, step_logits=scores.logits, step_cost=cost, ids_h=host[0][span],
+                             ancestors_h=host[2] if joint else None, dead=host[1][span], queued=q,
+                             gained_h=host_gained[span] if d.logprobs else None))
             at += n
         _consume(draws, out)
         return out
@@ -150,14 +150,14 @@ class Drawn:
     for the tokens, rows and dead rows, on the host), and the scores it was drawn from.
 
     ``step_gained``, ``step_logits`` and ``step_cost`` are the step's tensors of every row
-    drawn with this draw's; its rows of them are ``rows`` (a call records the step's tensors
+    drawn with this draw's; its rows of them are ``span`` (a call records the step's tensors
     with its rows, and reads its scores as :attr:`logits`).
     """
 
     ids: torch.Tensor  # [rows, 1]: as the next forward takes them
     ancestors: torch.Tensor | None  # None: each row extends itself (only beams reorder rows)
     weights: torch.Tensor
-    rows: slice
+    span: slice
     step_gained: torch.Tensor  # what the step added to each row's weight (beams: to the row it extends)
     step_logits: torch.Tensor  # after every processor: what log-probabilities are read from
     step_cost: torch.Tensor | None  # nats the constraint's mask removed (None: free text)
@@ -170,7 +170,7 @@ class Drawn:
 
     @property
     def logits(self) -> torch.Tensor:
-        return self.step_logits[self.rows]
+        return self.step_logits[self.span]
 
 
 def _consume(draws: list[Draw], out: list[Drawn]) -> None:

@@ -113,13 +113,13 @@ class Decoding:
         # A column per step, room for max_tokens of them up front (rewinds may need more: it doubles).
         steps = max(16, min(options.max_tokens or 0, 1024))
         constraints = RowConstraints.of_call(constraint, model, rows, removed, device)
-        state = [RowState.of(self.tokenizer, rows.real_ids(r), rows.texts[r], rows.ends[r],
+        states = [RowState.of(self.tokenizer, rows.real_ids(r), rows.texts[r], rows.ends[r],
                              self._watches(constraints, rows.texts[r] + removed[r]), removed[r]) for r in range(n)]
         self.batch = Batch(logits=rows.logits, start=rows.logits,
                            weights=weights.to(device=device, dtype=torch.float32),
                            gained=torch.zeros(n, steps, device=device), cost=torch.zeros(n, device=device),
                            cache=rows.cache, grid=Grid(rows, device), constraints=constraints,
-                           draws=RowDraws(n, options.rng) if self.sampler.random else None, rows=state,
+                           draws=RowDraws(n, options.rng) if self.sampler.random else None, states=states,
                            logits_ok=[True] * n)
         self.pad = rows.pad
         # Each row's room is its own: the cache grows past the longest row's context.
@@ -127,7 +127,7 @@ class Decoding:
         limit = options.max_tokens
         self.steps = [room if limit is None else min(limit, room) for room in rooms]
         limits = [Finish.LENGTH if limit is not None and limit <= room else Finish.CONTEXT for room in rooms]
-        for r, row in enumerate(state):
+        for r, row in enumerate(states):
             if constraints.done(r) or self.steps[r] <= 0:
                 row.finish(Finish.EOS if constraints.done(r) else limits[r])
         self.advance = Advance(self.batch, options, self.tokenizer, self.eos, self.steps, limits)
@@ -156,9 +156,9 @@ class Decoding:
 
     def _steps(self) -> Iterator[list[str | None]]:
         batch = self.batch
-        identity = list(range(len(batch.rows)))
+        identity = list(range(len(batch.states)))
         step = 0
-        finished = all(row.finished for row in batch.rows)
+        finished = all(row.finished for row in batch.states)
         drawn = None  # a step's draw, when the forward before it came with it (see _forward)
         while not finished:
             if drawn is None:
@@ -172,7 +172,7 @@ class Decoding:
             reordered = ancestors_h is not None and ancestors_h != identity
             if reordered:
                 batch.select(ancestors_h, ancestors)
-            batch.record(step, drawn.step_gained, drawn.step_cost, drawn.rows)
+            batch.record(step, drawn.step_gained, drawn.step_cost, drawn.span)
             batch.weights = weights
             chunks, rewound = self.advance(ids_h, dead, step, self._read_logprobs(drawn))
             drawn = None  # taken: the next step's is drawn anew, or comes with the forward's answer
@@ -184,7 +184,7 @@ class Decoding:
                 yield from self._hand(queued)
             if rewound:
                 self.model.stats.record_rewound(rewound)
-            finished = all(row.finished for row in batch.rows)
+            finished = all(row.finished for row in batch.states)
             if queued is not None:
                 if plain and self.grid.all_real and not reordered and not finished:
                     batch.logits, batch.cache = queued.take()
@@ -199,24 +199,24 @@ class Decoding:
                                                          keep, step)
                 if self.speculation is not None:
                     step += self.speculation.verify(self, logits, step)
-                    finished = all(row.finished for row in batch.rows)
+                    finished = all(row.finished for row in batch.states)
             self.unforwarded = None
-        for row in batch.rows:  # a character left incomplete ends the text as replacement characters
+        for row in batch.states:  # a character left incomplete ends the text as replacement characters
             row.flush()
         self.over = True
-        last = [row.release() for row in batch.rows]
+        last = [row.release() for row in batch.states]
         if any(last):
             yield last
 
     def _draw(self, step: int) -> Draw:
         """The ask for the rows' next tokens (see :class:`~.draw.Draw`), after the call's own processors."""
         batch = self.batch
-        rows = [row.view() for row in batch.rows]
-        logits = batch.logits if not self.own else run(self.own, batch.logits, batch.weights, step, rows).logits
+        views = [row.view() for row in batch.states]
+        logits = batch.logits if not self.own else run(self.own, batch.logits, batch.weights, step, views).logits
         # The queued step's forward is made on the device's ids before the host reads them.
         overlap = (self.overlap and self.grid.all_real and step + 1 < max(self.steps)
-                   and not any(row.finished for row in batch.rows) and _alone(self.model))
-        return Draw(logits=logits, weights=batch.weights, constraints=batch.constraints, rows=rows,
+                   and not any(row.finished for row in batch.states) and _alone(self.model))
+        return Draw(logits=logits, weights=batch.weights, constraints=batch.constraints, views=views,
                     sampler=self.sampler, rng=self._rng(), sentinel=self.sentinel, after=self.after,
                     imposed=self.speculation.imposed() if self.speculation else NOTHING_IMPOSED,
                     step=step, queue=(lambda ids: Queued(self.model, ids, batch.cache)) if overlap else None,
@@ -226,7 +226,7 @@ class Decoding:
         """Hand the step's pieces to the consumer, who holds them: the call is parked until it asks
         again. A call closed there gives back its queued step."""
         try:
-            yield [row.release() for row in self.batch.rows]
+            yield [row.release() for row in self.batch.states]
             if self.resumed is not None:
                 self.resumed()
         except GeneratorExit:
@@ -240,18 +240,18 @@ class Decoding:
         forwarded, whether the step is plain (one sampled token per row, as sampled: the forward
         takes the ids where they already are, with no host-to-device copy that would wait for the
         device), and the new ids."""
-        rows = self.batch.rows
-        rewound = any(row.history.rewinds for row in rows)
+        states = self.batch.states
+        rewound = any(row.history.rewinds for row in states)
         if not (drafts and any(drafts)) and all(len(c) == 1 for c in chunks):  # most steps: one token a row
             tokens = [c[0] for c in chunks]
             slot = self.grid.append_one(tokens, rewound)
-            for row in rows:
+            for row in states:
                 row.history.slots.append(slot)
             return chunks, tokens == ids, chunks
         sent = [c + d for c, d in zip(chunks, drafts)] if drafts and any(drafts) else chunks
         plain = all(len(c) == 1 and c[0] == t for c, t in zip(sent, ids))
         slots, new_ids = self.grid.append(sent, plain, rewound)
-        for row, taken, chunk in zip(rows, slots, chunks):
+        for row, taken, chunk in zip(states, slots, chunks):
             row.history.slots.extend(taken[: len(chunk)])  # drafted slots join once kept
         return sent, plain, new_ids
 
@@ -265,7 +265,7 @@ class Decoding:
         if draws is None:
             return self.options.rng
         draws.choosing = [not row.finished and row.forced_next is None and single is None
-                          for row, single in zip(self.batch.rows, self.batch.constraints.single)]
+                          for row, single in zip(self.batch.states, self.batch.constraints.single)]
         return draws
 
     def _forward(self, ids, n_real: int, plain: bool, keep: int, step: int):
@@ -326,31 +326,31 @@ class Decoding:
         """:meth:`result` as of now, made when called: what it reads is taken now (the rows copied,
         the grid frozen), so the call may go on meanwhile, on another thread."""
         batch = self.batch
-        rows = batch.rows
+        states = batch.states
         if not self.over:
-            rows = [row.copy() for row in rows]  # flushing here must leave the running rows as they are
-            for row in rows:
+            states = [row.copy() for row in states]  # flushing here must leave the running rows as they are
+            for row in states:
                 row.flush()
         ok = batch.logits_ok if self.unforwarded is None else [
             ok and not c for ok, c in zip(batch.logits_ok, self.unforwarded)]
-        taken = (rows, self.grid.frozen(), batch.cache, batch.logits, ok, batch.constraints.complete(),
+        taken = (states, self.grid.frozen(), batch.cache, batch.logits, ok, batch.constraints.complete(),
                  batch.weights, batch.cost_so_far())
         return lambda: self._generation(*taken)
 
-    def _generation(self, rows, grid, cache, logits, ok, accepts, weights, cost) -> Generation:
-        out = rows_after(self.tokenizer, rows, grid, cache, logits, ok, self.pad)
+    def _generation(self, states, grid, cache, logits, ok, accepts, weights, cost) -> Generation:
+        out = rows_after(self.tokenizer, states, grid, cache, logits, ok, self.pad)
         # A stop string that ends a whole match of the constraint leaves the match whole.
         whole = [a and (row.written.stop is None or row.written.stop[1] == len(row.written.text))
-                 for a, row in zip(accepts or [False] * len(rows), rows)]
-        reasons = [row.reason for row in rows]
+                 for a, row in zip(accepts or [False] * len(states), states)]
+        reasons = [row.reason for row in states]
         if Finish.CONTEXT in reasons and not self.warned:
             self.warned = True
             warnings.warn(f"the model's context ({self.model.max_length} tokens) cut rows "
                           f"{[r for r, why in enumerate(reasons) if why == Finish.CONTEXT]} short", ContextWarning,
                           stacklevel=4)
         logprobs = None if self.options.logprobs is None else [
-            logprob_texts(self.tokenizer, self.token_texts, row.history.logprobs) for row in rows]
-        return Generation(out, weights.cpu(), [row.value_text(w) for row, w in zip(rows, whole)],
+            logprob_texts(self.tokenizer, self.token_texts, row.history.logprobs) for row in states]
+        return Generation(out, weights.cpu(), [row.value_text(w) for row, w in zip(states, whole)],
                           complete=whole if accepts is not None else None, reasons=reasons, logprobs=logprobs,
                           costs=cost().tolist())
 

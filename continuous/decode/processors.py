@@ -36,7 +36,7 @@ class Scores:
         ``[rows]`` weights the sampler ranks rows with (beam search).
     step
         The step's index in the call (0 first).
-    rows
+    views
         Each row's :class:`~continuous.decode.rows.RowView` at this step.
     cost
         ``[rows]`` the nats the constraint's mask removed at this step (``None``: free text).
@@ -45,7 +45,7 @@ class Scores:
     logits: torch.Tensor
     rank: torch.Tensor
     step: int
-    rows: list[RowView]
+    views: list[RowView]
     cost: torch.Tensor | None = None
 
 
@@ -65,7 +65,7 @@ class External:
         self.processors, self.pad = list(processors), pad
 
     def __call__(self, scores: Scores) -> None:
-        ids = [[*row.context, *row.tokens] for row in scores.rows]
+        ids = [[*row.context, *row.tokens] for row in scores.views]
         width = max(map(len, ids))
         input_ids = torch.tensor([[self.pad] * (width - len(i)) + i for i in ids], device=scores.logits.device)
         logits = scores.logits.clone()  # some processors write in place; the loop's logits stay as they were
@@ -109,12 +109,12 @@ class Penalized:
         self.presence, self.frequency = float(presence), float(frequency)
 
     def __call__(self, scores: Scores) -> None:
-        lengths = [len(row.tokens) for row in scores.rows]
+        lengths = [len(row.tokens) for row in scores.views]
         if not any(lengths):
             return
         logits = scores.logits
         device = logits.device
-        ids = torch.tensor([t for row in scores.rows for t in row.tokens], device=device)
+        ids = torch.tensor([t for row in scores.views for t in row.tokens], device=device)
         which = torch.repeat_interleave(torch.arange(len(lengths), device=device),
                                         torch.tensor(lengths, device=device))
         counts = torch.zeros(logits.shape, device=device).index_put_((which, ids), torch.ones(len(ids), device=device),
@@ -143,7 +143,7 @@ class Constrained:
             total, kept = _logsumexp(scores.logits.float()), _logsumexp(masked.float())
             # A row with nothing allowed takes no token: it removed nothing it went on with.
             cost = torch.where(torch.isfinite(kept), total - kept, 0.0)
-            finished = [row.finished for row in scores.rows]
+            finished = [row.finished for row in scores.views]
             if any(finished):
                 cost = cost.masked_fill(to_device(finished, cost.device, torch.bool), 0.0)
             scores.cost = cost
@@ -170,7 +170,7 @@ class Forced:
     forced tokens come one per step: they are the same tokens, and carry no weight)."""
 
     def __call__(self, scores: Scores) -> None:
-        forced = [(r, row.forced) for r, row in enumerate(scores.rows) if row.forced is not None]
+        forced = [(r, row.forced) for r, row in enumerate(scores.views) if row.forced is not None]
         if not forced:
             return
         logits = scores.logits.clone()
@@ -185,7 +185,7 @@ class Banned:
 
     def __call__(self, scores: Scores) -> None:
         rows, tokens, shifts = [], [], []
-        for r, row in enumerate(scores.rows):
+        for r, row in enumerate(scores.views):
             for t, factor in row.banned.items():
                 rows.append(r)
                 tokens.append(t)
@@ -207,7 +207,7 @@ class Finished:
         self.sentinel = sentinel
 
     def __call__(self, scores: Scores) -> None:
-        finished = [row.finished for row in scores.rows]
+        finished = [row.finished for row in scores.views]
         if not any(finished):
             return
         logits = scores.logits
@@ -246,10 +246,10 @@ def shared(parts: list[RowConstraints], sentinel: int) -> list[Processor]:
     return [Constrained(*parts), Forced(), Banned(), Finished(sentinel)]
 
 
-def run(processors: list[Processor], logits: torch.Tensor, rank: torch.Tensor, step: int, rows: list[RowView]
+def run(processors: list[Processor], logits: torch.Tensor, rank: torch.Tensor, step: int, views: list[RowView]
         ) -> Scores:
     """Apply every processor in order to one step's scores."""
-    scores = Scores(logits, rank, step, rows)
+    scores = Scores(logits, rank, step, views)
     for processor in processors:
         processor(scores)
     return scores

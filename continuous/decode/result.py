@@ -32,16 +32,16 @@ class Generation:
     costs: list[float] | None = None  # per row, the nats the constraint removed over the call's steps
 
 
-def rows_after(tokenizer, rows: list[RowState], grid: Frozen, cache, logits: torch.Tensor, logits_ok: list[bool],
+def rows_after(tokenizer, states: list[RowState], grid: Frozen, cache, logits: torch.Tensor, logits_ok: list[bool],
                pad: int) -> Rows:
     """The call's rows once it is over: trim the columns no row uses, cut rows whose last token
     ran past a stop string, and give back as text what healing removed and the call ended
     before spelling again."""
     token_ids, mask = grid.layout()
-    texts = tuple(row.full_text for row in rows)
-    ends = tuple(row.full_ends() for row in rows)
+    texts = tuple(row.full_text for row in states)
+    ends = tuple(row.full_ends() for row in states)
     out = Rows(token_ids, mask, cache, texts, ends, logits, tuple(logits_ok), pad)
-    cuts, unspelled = [row.cut for row in rows], [row.unspelled for row in rows]
+    cuts, unspelled = [row.cut for row in states], [row.unspelled for row in states]
     if any(c < len(t) for c, t in zip(cuts, texts)) or any(unspelled):
         return out.with_text(tokenizer, cuts, unspelled)
     whole = mask.sum(1).tolist() == [len(e) for e in ends] and bool(mask[:, -1].all())

@@ -405,7 +405,7 @@ class Speculation:
         to forward after its chunk of the step (empty where it drafts nothing)."""
         batch, out = dec.batch, []
         self.drafts.clear()
-        for r, (row, chunk) in enumerate(zip(batch.rows, chunks)):
+        for r, (row, chunk) in enumerate(zip(batch.states, chunks)):
             budget = min(self.k, dec.steps[r] - len(row.tokens) - 1)  # the next step's token still fits
             if row.finished or not chunk or row.forced_next is not None or budget < 1:
                 out.append([])
@@ -431,7 +431,7 @@ class Speculation:
         for r, (d, guide, at) in self.drafts.items():
             n = len(d.tokens)
             raw = logits[r, m - 1 - n :]
-            kept, lps = self._keep(dec, r, d, guide, self._scores(batch.rows[r], guide, at, raw), step)
+            kept, lps = self._keep(dec, r, d, guide, self._scores(batch.states[r], guide, at, raw), step)
             for slot in range(end - n + kept, end):
                 dec.grid.reject(r, slot)
             self._cost(batch, r, guide, raw[:kept])
@@ -491,12 +491,12 @@ class Speculation:
         many it took. A token that would end the row or make a match (a stop string, a ban)
         is left to the next step, which takes it as the loop does without speculation."""
         batch, stops, top = dec.batch, dec.advance.stops, dec.options.logprobs
-        row, first = batch.rows[r], len(dec.grid.columns) - len(d.tokens)
+        row, first = batch.states[r], len(dec.grid.columns) - len(d.tokens)
         watched = bool(row.history.watchers or stops.strings)
         for j, t in enumerate(d.tokens[:n]):
             saved = row.copy() if watched else None
             if row.add(t, None if guide.forced[j] else step + j, stops) or row.finished:
-                batch.rows[r] = saved
+                batch.states[r] = saved
                 self._impose(r, t, lps[j])
                 return j
             batch.constraints.advance(r, t)
@@ -528,7 +528,7 @@ class Speculation:
         it back); returns how many columns that took."""
         columns = max(map(len, kept_lps.values()), default=0)
         for j in range(columns):
-            gained = torch.zeros(len(batch.rows), dtype=torch.float32)
+            gained = torch.zeros(len(batch.states), dtype=torch.float32)
             for r, lps in kept_lps.items():
                 if j < len(lps):
                     gained[r] = lps[j]

@@ -21,8 +21,8 @@ def test_select_moves_every_per_row_field_together(model):
     for name, value in before.items():
         if isinstance(value, torch.Tensor):
             assert torch.equal(getattr(batch, name), value[[1, 1, 0]]), name
-    assert [row.written.context for row in batch.rows] == [before["rows"][i].written.context for i in (1, 1, 0)]
-    assert batch.rows[0] is not batch.rows[1] and batch.rows[0].history is not batch.rows[1].history
+    assert [row.written.context for row in batch.states] == [before["states"][i].written.context for i in (1, 1, 0)]
+    assert batch.states[0] is not batch.states[1] and batch.states[0].history is not batch.states[1].history
     assert batch.grid.token_ids.shape[0] == len(batch.draws.streams) == len(batch.constraints.matchers) == 3
     assert batch.constraints.matchers[0] is not batch.constraints.matchers[1]
     assert batch.cache.rows == 3 and batch.logits_ok == [True] * 3

@@ -117,7 +117,7 @@ def test_a_draw_whose_matchers_fail_fails_only_its_call_and_the_others_masks_are
     with pytest.raises(ValueError, match="the matcher broke"):
         bad.send(out[1])
     good.send(out[0])  # the other call takes its token and goes on to its forward
-    assert len(decodings[0].batch.rows[0].tokens) == 1
+    assert len(decodings[0].batch.states[0].tokens) == 1
 
 
 @pytest.mark.parametrize("padded", [0, 37])

@@ -75,7 +75,7 @@ def test_a_row_view_holds_the_bans_of_its_current_position_only(tokenizer):
 
 def test_a_finished_row_only_emits_the_sentinel_at_no_cost(tokenizer):
     scores = _scores(tokenizer)
-    scores.rows = _rows(tokenizer, 2, finished={1})
+    scores.views = _rows(tokenizer, 2, finished={1})
     before = scores.logits.clone()
     Finished(sentinel=7)(scores)
     assert torch.equal(scores.logits[0], before[0])
@@ -95,7 +95,7 @@ def test_forked_rows_are_ranked_by_their_first_only_at_the_first_step(tokenizer)
 def test_processors_run_in_order(tokenizer):
     calls = []
     given = _scores(tokenizer)
-    scores = run([lambda s: calls.append(1), lambda s: calls.append(2)], given.logits, given.rank, 0, given.rows)
+    scores = run([lambda s: calls.append(1), lambda s: calls.append(2)], given.logits, given.rank, 0, given.views)
     assert calls == [1, 2] and isinstance(scores, Scores)
 
 
