@@ -6,6 +6,9 @@ import threading
 
 import pytest
 import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from continuous.models import engine as engine_module
 from continuous.models.engine import DONE, Engine
@@ -26,9 +29,11 @@ class _Backend:
 
     def __init__(self):
         self.forwards = []
+        self.failed = set()  # the indices in ``forwards`` of those that failed
 
     def _result(self, r):
         if bool((r.input_ids == -1).any()):
+            self.failed.add(len(self.forwards) - 1)
             raise RuntimeError("bad request")
         start = r.cache.length if r.cache is not None else 0
         return torch.zeros((r.batch_rows, r.logits_to_keep, 4)), _Cache(start + r.width)
@@ -402,3 +407,90 @@ def test_a_thread_that_drives_its_own_stream_is_never_waited_for(backend, monkey
     consumer.start()
     consumer.join(timeout=10)
     assert not consumer.is_alive() and pieces == [["1"], ["2"], ["3"]]
+
+
+class _Schedules(RuleBasedStateMachine):
+    """Any schedule of submits, consumers taking pieces or the whole answer, cancels and steps, on an
+    engine with room for few rows and a short prefill chunk: every call ends, hands its pieces in
+    order, forwards its prompt once (in chunks) and each token once, and leaves nothing behind."""
+
+    def __init__(self):
+        super().__init__()
+        self.backend = _Backend()
+        self.engine, self.left = _engine(self.backend, prefill_chunk=4, max_rows=3)
+        self.calls = []  # (call, name, prompt, steps, the step whose forward fails or None)
+        self.seen = {}  # name -> pieces its consumer took
+        self.log = []
+
+    @rule(prompt=st.integers(1, 10), steps=st.integers(0, 3), rows=st.integers(1, 2), whole=st.booleans(),
+          bad=st.booleans())
+    def submit(self, prompt, steps, rows, whole, bad):
+        name = f"c{len(self.calls)}"
+        bad_at = steps - 1 if bad and steps else None  # its last token's forward fails
+        call = self.engine.submit(_call(name, prompt, steps, self.log, bad_at), rows=rows)
+        self.engine.ask(call, ALL if whole else PIECE)
+        self.calls.append((call, name, prompt, steps, bad_at))
+        self.seen[name] = []
+
+    @rule(data=st.data())
+    def take(self, data):
+        waiting = [(c, name) for c, name, *_ in self.calls if c.demand != ALL and c.events]
+        if waiting:
+            call, name = data.draw(st.sampled_from(waiting))
+            self.seen[name].append(_take(call)[0])
+            self.engine.ask(call, PIECE)
+
+    @rule(data=st.data())
+    def cancel(self, data):
+        running = [c for c, *_ in self.calls if not c.done]
+        if running:
+            self.engine.cancel(data.draw(st.sampled_from(running)))
+
+    @rule()
+    def step(self):
+        gone = {c.id for c, *_ in self.calls if c.done or c.cancelled}
+        before = len(self.backend.forwards)
+        self.engine.step()
+        # A call cancelled before the step leaves at it, unforwarded; an ended one is never forwarded.
+        assert not gone & {call_id for f in self.backend.forwards[before:] for call_id, _ in f}
+        assert all(c.done for c, *_ in self.calls if c.id in gone)
+
+    @invariant()
+    def the_table_counts_its_calls_and_a_piece_held_parks_its_call(self):
+        table = self.engine.table
+        assert table.rows == sum(c.rows for c in table.calls.values()) <= 3
+        assert all(not c.done for c in table.calls.values()) and len(set(self.left)) == len(self.left)
+        for call in table.calls.values():  # a consumer holding a piece parks its call: nothing of it runs
+            assert len(call.events) <= 1 and not (call.events and (call.request or call.work or call.demand))
+
+    def teardown(self):
+        for call, *_ in self.calls:
+            if not call.done:
+                call.events.clear()
+                self.engine.ask(call, ALL)
+        for _ in range(200):
+            if all(c.done for c, *_ in self.calls):
+                break
+            self.engine.step()
+        table = self.engine.table
+        assert not table.calls and not table.waiting and table.rows == table.kv == 0
+        widths = {}
+        for forward in (f for i, f in enumerate(self.backend.forwards) if i not in self.backend.failed):
+            for call_id, width in forward:
+                widths.setdefault(call_id, []).append(width)
+        for call, name, prompt, steps, bad_at in self.calls:
+            assert call.done
+            pieces = self.seen[name]
+            assert pieces == ([f"{name}{i}" for i in range(steps)] + [f"{name}-end"])[: len(pieces)]
+            forwarded = widths.get(call.id, [])
+            if call.error is not None:  # its own bad forward, tried with the others, then alone
+                assert bad_at is not None and isinstance(call.error, RuntimeError)
+            elif not call.cancelled:  # its prompt once, in chunks, then one forward per token
+                assert bad_at is None and sum(forwarded) == prompt + steps
+            else:  # what it forwarded before it left, never more
+                assert sum(forwarded) <= prompt + steps
+        assert sorted(self.left) == sorted(call.id for call, *_ in self.calls)  # each call's end told once
+
+
+test_any_schedule_of_calls_ends_every_call_with_its_own_forwards_and_leaves_nothing = _Schedules.TestCase
+_Schedules.TestCase.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
