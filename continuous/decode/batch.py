@@ -87,7 +87,7 @@ class Batch:
 
     def cost_so_far(self) -> Callable[[], torch.Tensor]:
         """:meth:`total_cost` as of now, summed when called (the call may go on meanwhile)."""
-        base, costs = self.cost, [(cost, rows) for _, _, cost, rows in self._recorded if cost is not None]
+        base, costs = self.cost, [(cost, span) for _, _, cost, span in self._recorded if cost is not None]
         return lambda: base + _side_by_side(costs).sum(1) if costs else base
 
     def settle(self) -> None:
@@ -100,7 +100,7 @@ class Batch:
         first, last = steps[0], max(steps)
         while last >= self.gained.shape[1]:  # doubling: rewinds make more steps than tokens
             self.gained = torch.cat([self.gained, torch.zeros_like(self.gained)], 1)
-        columns = _side_by_side([(gained, rows) for _, gained, _, rows in recorded])
+        columns = _side_by_side([(gained, span) for _, gained, _, span in recorded])
         if steps == list(range(first, first + len(steps))):  # each step once, in order: one block
             self.gained[:, first : last + 1] = columns
         else:
