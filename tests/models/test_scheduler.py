@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 from support.streams import drained
@@ -456,3 +456,86 @@ def test_a_stream_dropped_unfinished_is_cancelled_and_leaves_the_engine(model):
     assert call.cancelled  # nobody will read it: it ends at the engine's next step
     model.engine.close(call)
     assert call.done and call.id not in model.engine.table.calls
+
+
+_ALONE = {}  # the calls of _calls, each run alone once per model
+
+
+def _flat(piece) -> list[str]:
+    """A piece's text per row (a piece is a str, or a list per prompt, or of lists per sample)."""
+    return [piece] if isinstance(piece, str) else [t for p in piece for t in _flat(p)]
+
+
+async def _closed_after(gen, prompt, kwargs: dict, pieces: int):
+    """``gen.astream(prompt, **kwargs)`` closed once its consumer took ``pieces`` pieces: its state,
+    and each row's text of the pieces taken."""
+    stream = gen.astream(prompt, **kwargs)
+    taken = []
+    async for piece in stream:
+        taken.append(_flat(piece))
+        if len(taken) == pieces:
+            await stream.aclose()
+            break
+    return stream.state, ["".join(row) for row in zip(*taken)] if taken else None
+
+
+async def _cancelled_after(gen, prompt, kwargs: dict, pieces: int):
+    """``gen.astream(prompt, **kwargs)`` read by a task cancelled once the piece after its
+    ``pieces``-th is on its way (made, not yet taken): the stream's state, and each row's text of
+    the pieces taken."""
+    stream = gen.astream(prompt, **kwargs)
+    taken, enough = [], asyncio.Event()
+
+    async def read():
+        async for piece in stream:
+            taken.append(_flat(piece))
+            if len(taken) == pieces:
+                enough.set()  # and it asks for the next one
+        enough.set()
+
+    task = asyncio.ensure_future(read())
+    await enough.wait()
+    call = stream._stream._call
+    while not (call.events or call.done):  # the engine steps the call to its next piece
+        await asyncio.sleep(0.001)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return stream.state, ["".join(row) for row in zip(*taken)] if taken else None
+
+
+_HOW = st.sampled_from(["acall", "stream", "closed", "cancelled"])  # how its consumer takes the call
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 11), _HOW, st.integers(1, 4)), min_size=2, max_size=6))
+def test_any_mix_of_calls_and_of_streams_read_closed_or_cancelled_each_equals_its_call_alone(model, mix):
+    calls = _calls(model)
+    alone = _ALONE.setdefault(id(model), {})
+    for i, *_ in mix:
+        if i not in alone:
+            alone[i] = _run(calls[i])
+
+    async def main():
+        jobs = []
+        for i, how, pieces in mix:
+            _, gen, prompt, kwargs = calls[i]
+            jobs.append(gen.acall(prompt, **kwargs) if how == "acall" else drained(gen, prompt, kwargs)
+                        if how == "stream" else (_closed_after if how == "closed" else _cancelled_after)(
+                            gen, prompt, kwargs, pieces))
+        return await asyncio.gather(*jobs)
+
+    for (i, how, _), got in zip(mix, asyncio.run(main())):
+        if how in ("acall", "stream"):
+            _same(alone[i], got)
+        else:  # what its consumer saw: each row's text holds the pieces it took and begins the text alone
+            state, seen = got
+            assert all(alone_row.startswith(row) for row, alone_row in zip(state, alone[i]))
+            if seen is not None:
+                # No more than it saw, but text held back from the pieces (what may still become a
+                # stop string or a banned phrase), and a character the last piece left incomplete (U+FFFD).
+                held = calls[i][0] in ("stop", "ban")
+                assert all(text in row if held else row.rstrip("\ufffd").endswith(text)
+                           for row, text in zip(state, seen))
+    engine = model.engine
+    assert not engine.table.calls and not engine.table.waiting
+    assert model.stats.rows_in_use == model.stats.kv_bytes_in_use == 0
