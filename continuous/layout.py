@@ -300,9 +300,8 @@ class Rows:
         # Made whole from lists: one tensor each, not a write per row (a call's start pays them).
         token_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids, _ in encoded], dtype=torch.long)
         mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in encoded], dtype=torch.long)
-        shape = (len(texts), width)  # (a tensor of empty rows has no width of its own)
-        return cls(token_ids.reshape(shape), mask.reshape(shape), None, tuple(texts),
-                   tuple(tuple(e) for _, e in encoded), None, (False,) * len(texts), pad)
+        return cls(token_ids, mask, None, tuple(texts), tuple(tuple(e) for _, e in encoded),
+                   None, (False,) * len(texts), pad)
 
     @property
     def n_rows(self) -> int:

@@ -114,7 +114,7 @@ class Decoding:
         steps = max(16, min(options.max_tokens or 0, 1024))
         constraints = RowConstraints.of_call(constraint, model, rows, removed, device)
         states = [RowState.of(self.tokenizer, rows.real_ids(r), rows.texts[r], rows.ends[r],
-                             self._watches(constraints, rows.texts[r] + removed[r]), removed[r]) for r in range(n)]
+                              self._watches(constraints, rows.texts[r] + removed[r]), removed[r]) for r in range(n)]
         self.batch = Batch(logits=rows.logits, start=rows.logits,
                            weights=weights.to(device=device, dtype=torch.float32),
                            gained=torch.zeros(n, steps, device=device), cost=torch.zeros(n, device=device),
