@@ -466,6 +466,11 @@ def _flat(piece) -> list[str]:
     return [piece] if isinstance(piece, str) else [t for p in piece for t in _flat(p)]
 
 
+def _joined(taken: list[list[str]]) -> list[str] | None:
+    """Each row's text of the pieces taken (``_flat`` of each), ``None`` when none was."""
+    return ["".join(row) for row in zip(*taken)] if taken else None
+
+
 async def _closed_after(gen, prompt, kwargs: dict, pieces: int):
     """``gen.astream(prompt, **kwargs)`` closed once its consumer took ``pieces`` pieces: its state,
     and each row's text of the pieces taken."""
@@ -476,7 +481,7 @@ async def _closed_after(gen, prompt, kwargs: dict, pieces: int):
         if len(taken) == pieces:
             await stream.aclose()
             break
-    return stream.state, ["".join(row) for row in zip(*taken)] if taken else None
+    return stream.state, _joined(taken)
 
 
 async def _cancelled_after(gen, prompt, kwargs: dict, pieces: int):
@@ -500,7 +505,7 @@ async def _cancelled_after(gen, prompt, kwargs: dict, pieces: int):
         await asyncio.sleep(0.001)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    return stream.state, ["".join(row) for row in zip(*taken)] if taken else None
+    return stream.state, _joined(taken)
 
 
 _HOW = st.sampled_from(["acall", "stream", "closed", "cancelled"])  # how its consumer takes the call
