@@ -4,7 +4,7 @@ from unittest.mock import patch
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from continuous import samplers
@@ -77,6 +77,10 @@ def test_top_p_drops_what_a_sort_of_every_token_drops(rows, per_row, scalar):
     same tokens as a sort of every token, for one top-p or one per row (2: no top-p for that row)."""
     logits = torch.tensor(rows)
     top_p = per_row[0] if scalar and per_row[0] < 1 else torch.tensor(per_row[: len(rows)])[:, None]
+    # A mass within rounding of top-p is dropped or kept by how the probabilities were summed (the
+    # head's are exp(logit - logsumexp), the reference's a softmax of the sorted row): not compared.
+    probs = torch.softmax(torch.sort(logits, descending=True).values, -1)
+    assume(not bool(((probs.cumsum(-1) - probs - top_p).abs() < 1e-5).any()))
     with patch.object(samplers, "_HEADS", (4, 16)):
         assert torch.equal(samplers._past_top_p(logits, top_p), _top_p_by_full_sort(logits, top_p))
 
