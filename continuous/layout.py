@@ -261,7 +261,7 @@ def dense(length: int, widest: int) -> bool:
     return length - widest <= COMPACT_SHARE * length
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class Rows:
     """The rows of a state: padded token grid, attention mask, cache, text and offsets.
 
@@ -300,8 +300,8 @@ class Rows:
         # Made whole from lists: one tensor each, not a write per row (a call's start pays them).
         token_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids, _ in encoded], dtype=torch.long)
         mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in encoded], dtype=torch.long)
-        return cls(token_ids, mask, None, tuple(texts), tuple(tuple(e) for _, e in encoded),
-                   None, (False,) * len(texts), pad)
+        return cls(token_ids=token_ids, attention_mask=mask, cache=None, texts=tuple(texts),
+                   ends=tuple(tuple(e) for _, e in encoded), logits=None, logits_ok=(False,) * len(texts), pad=pad)
 
     @property
     def n_rows(self) -> int:
@@ -329,10 +329,10 @@ class Rows:
             return self._gathered(idx, force=True)  # the rows are copied anyway: squeeze holes on the way
         cache = self.cache.select_rows(idx) if self.cache is not None else None
         out = Rows(
-            self.token_ids[idx], self.attention_mask[idx], cache,
-            tuple(self.texts[i] for i in rows), tuple(self.ends[i] for i in rows),
-            self.logits[idx.to(self.logits.device)] if self.logits is not None else None,
-            tuple(self.logits_ok[i] for i in rows), self.pad,
+            token_ids=self.token_ids[idx], attention_mask=self.attention_mask[idx], cache=cache,
+            texts=tuple(self.texts[i] for i in rows), ends=tuple(self.ends[i] for i in rows),
+            logits=self.logits[idx.to(self.logits.device)] if self.logits is not None else None,
+            logits_ok=tuple(self.logits_ok[i] for i in rows), pad=self.pad,
         )
         return out.edit([(len(e), [], [], t) for e, t in zip(out.ends, out.texts)])
 
@@ -376,10 +376,11 @@ class Rows:
         rest = slice(length, None)
         picked = [int(r) for r in idx]
         out = Rows(
-            torch.cat([token_ids, self.token_ids[idx, rest]], 1), torch.cat([mask, self.attention_mask[idx, rest]], 1),
-            cache, tuple(self.texts[r] for r in picked), tuple(self.ends[r] for r in picked),
-            self.logits[idx.to(self.logits.device)] if self.logits is not None else None,
-            tuple(self.logits_ok[r] for r in picked), self.pad,
+            token_ids=torch.cat([token_ids, self.token_ids[idx, rest]], 1),
+            attention_mask=torch.cat([mask, self.attention_mask[idx, rest]], 1),
+            cache=cache, texts=tuple(self.texts[r] for r in picked), ends=tuple(self.ends[r] for r in picked),
+            logits=self.logits[idx.to(self.logits.device)] if self.logits is not None else None,
+            logits_ok=tuple(self.logits_ok[r] for r in picked), pad=self.pad,
         )
         return out.edit([(len(e), [], [], t) for e, t in zip(out.ends, out.texts)])
 
@@ -420,7 +421,8 @@ class Rows:
                      for r, (keep, _, new_ends, _) in enumerate(edits))
         ok = tuple(self.logits_ok[r] and keep == len(self.ends[r]) and not ids
                    for r, (keep, ids, _, _) in enumerate(edits))
-        return Rows(token_ids, mask, cache, tuple(e[3] for e in edits), ends, self.logits, ok, self.pad)
+        return Rows(token_ids=token_ids, attention_mask=mask, cache=cache, texts=tuple(e[3] for e in edits), ends=ends,
+                    logits=self.logits, logits_ok=ok, pad=self.pad)
 
     def with_text(self, tokenizer, cuts: Sequence[int], suffixes: Sequence[str]) -> "Rows":
         """Each row's text becomes ``text[:cut] + suffix``, re-encoding only around the boundary."""

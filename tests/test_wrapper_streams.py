@@ -184,7 +184,7 @@ def test_a_model_without_an_engine_runs_each_call_alone_in_the_sync_and_async_fo
     alone = models.transformers(hf_model, tokenizer, prefill_chunk=77)  # a wrapper of its own
     direct = alone.engine.forward
     alone.forward = lambda ids, mask, cache, keep=1, n_real=None, holes=True: direct(  # noqa: E731
-        Request(ids, mask, cache, keep, n_real, holes))
+        Request(ids, mask, cache, logits_to_keep=keep, n_real=n_real, holes=holes))
     alone.engine, alone.executor = None, ThreadPoolExecutor(4)  # as a swarm's model: one loop per call
     lone = continuous(generate.text(alone))
     expected = [str(gen(p, max_tokens=6)) for p in ("one", "two", "three")]

@@ -32,7 +32,7 @@ def check_rewinds(sampler: Sampler, ban, constraint) -> None:
                          "would have to re-rank every beam; use greedy or multinomial sampling")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Options:
     """What a call asks of the loop. Build it with :meth:`from_call`.
 
@@ -117,9 +117,10 @@ class Options:
         penalties = _penalties(logit_bias, presence_penalty, frequency_penalty, len(generator.model.tokenizer))
         drafter = as_drafter(speculate, generator.model)
         check_speculation(drafter, chosen, processors + penalties)
-        return cls(chosen, _check_count(max_tokens, "max_tokens"), _check_stop_at(stop_at), _check_rng(seed, rng),
-                   fast_forward, generator.ban, bool(heal), chosen.samples if samples_in == 1 else 1,
-                   processors, penalties, _check_count(logprobs, "logprobs"), drafter)
+        return cls(sampler=chosen, max_tokens=_check_count(max_tokens, "max_tokens"), stop_at=_check_stop_at(stop_at),
+                   rng=_check_rng(seed, rng), fast_forward=fast_forward, bans=generator.ban, heal=bool(heal),
+                   fork=chosen.samples if samples_in == 1 else 1, processors=processors, penalties=penalties,
+                   logprobs=_check_count(logprobs, "logprobs"), speculate=drafter)
 
 
 def _sampler(generator, sampler, shorthand: dict) -> Sampler:

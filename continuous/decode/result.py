@@ -40,7 +40,8 @@ def rows_after(tokenizer, states: list[RowState], grid: Frozen, cache, logits: t
     token_ids, mask = grid.layout()
     texts = tuple(row.full_text for row in states)
     ends = tuple(row.full_ends() for row in states)
-    out = Rows(token_ids, mask, cache, texts, ends, logits, tuple(logits_ok), pad)
+    out = Rows(token_ids=token_ids, attention_mask=mask, cache=cache, texts=texts, ends=ends, logits=logits,
+               logits_ok=tuple(logits_ok), pad=pad)
     cuts, unspelled = [row.cut for row in states], [row.unspelled for row in states]
     if any(c < len(t) for c, t in zip(cuts, texts)) or any(unspelled):
         return out.with_text(tokenizer, cuts, unspelled)

@@ -31,7 +31,7 @@ def bucket(rows: int) -> int:
     return 1 << (rows - 1).bit_length() if rows <= 8 else -(-rows // 8) * 8
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Layout:
     """A step's stacked rows: the requests in row order, their cache, and per request the
     stacked slot of each of its cached slots and its first row; ``start`` is the stacked
@@ -127,7 +127,8 @@ class Joint:
                       max(r.width for r in requests))
         at = [sum(r.batch_rows for r in requests[:i]) for i in range(len(requests))]
         slots_of = {n: Slots(None, range(n)) for n in set(lengths)}  # shared by the calls of one length
-        return Layout(requests, cache, [slots_of[n] for n in lengths], max(lengths), at, rows)
+        return Layout(requests=requests, cache=cache, slots=[slots_of[n] for n in lengths], start=max(lengths), at=at,
+                      rows=rows)
 
     def _kept(self, requests: list[Request]) -> Layout | None:
         """The last step's layout when ``requests`` continue it: the same calls, each with the
@@ -148,8 +149,8 @@ class Joint:
             longest = max(longest, r.cache.length)
         if 2 * live < self.rows or not dense(self.cache.length, longest):
             return None
-        return Layout(requests, self.cache, [r.cache.slots for r in requests], self.cache.length, self.at,
-                      self.rows, True, self.mask, self.runs)
+        return Layout(requests=requests, cache=self.cache, slots=[r.cache.slots for r in requests],
+                      start=self.cache.length, at=self.at, rows=self.rows, kept=True, mask=self.mask, runs=self.runs)
 
     def mask_after(self, mask: torch.Tensor | None, width: int) -> torch.Tensor | None:
         """``mask`` (the kept step's, ``None``: every slot real) followed by ``width`` columns of

@@ -440,7 +440,8 @@ class LlamaCpp:
         token are zeros. This forward runs now, alone; the calls of generators run on the
         model's engine, which shares each decode among them (:mod:`~continuous.models.engine`).
         """
-        return self.engine.forward(Request(input_ids, attention_mask, cache, logits_to_keep, n_real, holes))
+        return self.engine.forward(Request(input_ids, attention_mask, cache, logits_to_keep=logits_to_keep,
+                                           n_real=n_real, holes=holes))
 
     def _run_one(self, request: Request) -> tuple[torch.Tensor, LlamaCache]:
         return self._run_joint([request])[0]

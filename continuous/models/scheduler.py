@@ -13,7 +13,7 @@ for (:class:`Request`) and runs:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -45,6 +45,7 @@ class Request:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor | None
     cache: Any
+    _: KW_ONLY
     logits_to_keep: int = 1
     n_real: int | None = None
     holes: bool = True

@@ -125,7 +125,8 @@ class Transformers:
         calls of generators run on the model's engine, which merges their forwards
         (:mod:`~continuous.models.engine`).
         """
-        return self.engine.forward(Request(input_ids, attention_mask, cache, logits_to_keep, n_real, holes))
+        return self.engine.forward(Request(input_ids, attention_mask, cache, logits_to_keep=logits_to_keep,
+                                           n_real=n_real, holes=holes))
 
     def _run_one(self, request: Request, compiled: bool = True) -> tuple[torch.Tensor, KVCache]:
         """One request's forward, alone."""
@@ -187,7 +188,8 @@ class Transformers:
         width, start = max(r.width for r in requests), layout.start
         ids, mask, n_real = self._joint_inputs(layout, width)
         keep = max(r.logits_to_keep for r in requests)
-        logits, cache = self._run_one(Request(ids, mask, layout.cache, keep, n_real, True), self.joint.compiled)
+        logits, cache = self._run_one(Request(ids, mask, layout.cache, logits_to_keep=keep, n_real=n_real),
+                                     self.joint.compiled)
         out, buffer, then = {}, cache._buffer, {}
         # The last slot's logits are cut out once for the requests that read only those (decode steps).
         lasts = layout.blocks(logits[:, -1]) if any(r.last for r in layout.requests) else None

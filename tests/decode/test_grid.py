@@ -13,7 +13,8 @@ PAD = 0
 def _rows(ids, mask):
     ids, mask = torch.tensor(ids), torch.tensor(mask)
     n = ids.shape[0]
-    return Rows(ids, mask, None, ("",) * n, ((),) * n, None, (False,) * n, PAD)
+    return Rows(token_ids=ids, attention_mask=mask, cache=None, texts=("",) * n, ends=((),) * n, logits=None,
+                logits_ok=(False,) * n, pad=PAD)
 
 
 def _check_device_mask(grid):

@@ -21,8 +21,8 @@ def _states(model):
 def _step(cache, token, call=None):
     """A one-token request of engine call ``call`` continuing ``cache`` (a single row whose every
     slot is a real token)."""
-    return Request(torch.full((1, 1), token), torch.ones((1, cache.length + 1), dtype=torch.long), cache, 1, None,
-                   True, call)
+    return Request(torch.full((1, 1), token), torch.ones((1, cache.length + 1), dtype=torch.long), cache,
+                   call=call)
 
 
 def _steps(caches, token):
@@ -37,7 +37,7 @@ def test_rounds_of_the_same_calls_keep_the_stacked_cache_and_compute_as_alone(mo
     caches = [s._rows.cache for s in _states(model)]
     for round_ in range(4):
         requests = _steps(caches, 7 + round_)
-        alone = [model._run_one(Request(q.input_ids, q.attention_mask, q.cache, 1, None, True)) for q in requests]
+        alone = [model._run_one(Request(q.input_ids, q.attention_mask, q.cache)) for q in requests]
         for q, (_, c) in zip(requests, alone):
             c.release(q.cache.length)  # the reference's slots go back: the merged round appends there
         merged = model._run_joint(list(reversed(requests)))[::-1]  # any order
@@ -169,9 +169,9 @@ def test_calls_forwarding_different_numbers_of_real_tokens_go_on_in_the_kept_sta
     monkeypatch.setattr(joint_module, "stack", lambda *a: stacked.append(1) or real_stack(*a))
     caches = [s._rows.cache for s in _states(model)]
     for widths in ((1, 1, 1), (3, 1, 2), (1, 1, 1), (1, 4, 1)):
-        requests = [Request(torch.arange(5, 5 + w)[None] + i, None, c, 1, None, True, i)
+        requests = [Request(torch.arange(5, 5 + w)[None] + i, None, c, call=i)
                     for i, (c, w) in enumerate(zip(caches, widths))]
-        alone = [model._run_one(Request(q.input_ids, None, q.cache, 1, None, True)) for q in requests]
+        alone = [model._run_one(Request(q.input_ids, None, q.cache)) for q in requests]
         for q, (_, c) in zip(requests, alone):
             c.release(q.cache.length)
         merged = model._run_joint(requests)
@@ -192,13 +192,13 @@ def test_holes_a_prefill_leaves_beside_decodes_are_squeezed_out_by_stacking_agai
     monkeypatch.setattr(model.joint, "layout", lambda rs: layouts.append(real_layout(rs)) or layouts[-1])
     caches = [s._rows.cache for s in _states(model)[:2]]
     prompt = torch.arange(40, 64)[None]  # 24 tokens, no cache
-    requests = [_step(c, 7, i) for i, c in enumerate(caches)] + [Request(prompt, None, None, 1, None, True, 2)]
+    requests = [_step(c, 7, i) for i, c in enumerate(caches)] + [Request(prompt, None, None, call=2)]
     merged = model._run_joint(requests)
     caches = [cache for _, cache in merged]
     assert layouts[-1].start + 24 - max(c.length for c in caches) > COMPACT_SHARE * (layouts[-1].start + 24)
     for round_ in range(2):
         requests = [_step(c, 9 + round_, i) for i, c in enumerate(caches)]
-        alone = [model._run_one(Request(q.input_ids, q.attention_mask, q.cache, 1, None, True)) for q in requests]
+        alone = [model._run_one(Request(q.input_ids, q.attention_mask, q.cache)) for q in requests]
         for q, (_, c) in zip(requests, alone):
             c.release(q.cache.length)
         merged = model._run_joint(requests)
@@ -213,7 +213,8 @@ def test_a_layout_hands_each_request_its_rows_past_rows_of_no_call():
     from continuous.models.joint import Layout
 
     requests = [Request(torch.zeros((n, 1), dtype=torch.long), None, None) for n in (2, 1, 3)]
-    layout = Layout(requests, None, [], 0, [0, 3, 5], 10)  # rows 2 and 4 of calls that left, 8 and 9 of none
+    # Rows 2 and 4 are of calls that left, 8 and 9 of none.
+    layout = Layout(requests=requests, cache=None, slots=[], start=0, at=[0, 3, 5], rows=10)
     t = torch.arange(10)[:, None].expand(10, 4)
     blocks = layout.blocks(t)
     assert [b[:, 0].tolist() for b in blocks] == [[0, 1], [3], [5, 6, 7]]
