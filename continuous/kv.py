@@ -247,6 +247,10 @@ class KVCache:
     def settle(self) -> None:
         """Make the value hold only its own rows' memory (it already does: nothing to copy)."""
 
+    def part(self, rows: slice, slots: "Slots") -> "JointRows":
+        """Some of its rows and slots (``slots``, of ``[0, length)``), left where they are until read."""
+        return JointRows(self._buffer, rows, slots)
+
     def release(self, length: int) -> None:
         """Give back this view's slots past ``length`` to its buffer: the view is being discarded.
 
@@ -476,7 +480,7 @@ def stack(caches: "list[KVCache | None]", rows: list[int], extra: int) -> "KVCac
 
 
 class Slots:
-    """Slots of a stacked buffer, in order: ``base``, then the run ``tail``.
+    """Slots of a stacked buffer, in order: ``base`` (a tensor, or a run), then the run ``tail``.
 
     Merged steps append each call's new slots as a run right after the last one, so a
     call's slots grow by extending ``tail``, with no tensor made per step; :meth:`tensor`
@@ -487,7 +491,7 @@ class Slots:
     __slots__ = ("base", "tail", "_based")
     _NONE = torch.zeros(0, dtype=torch.long)
 
-    def __init__(self, base: torch.Tensor | None = None, tail: range = range(0), based: int | None = None):
+    def __init__(self, base: torch.Tensor | range | None = None, tail: range = range(0), based: int | None = None):
         self.base, self.tail = self._NONE if base is None else base, tail
         self._based = len(self.base) if based is None else based  # read at every step: kept, not asked of the tensor
 
@@ -501,11 +505,12 @@ class Slots:
         return Slots(self.tensor(), new)
 
     def tensor(self) -> torch.Tensor:
+        base = torch.arange(self.base.start, self.base.stop) if isinstance(self.base, range) else self.base
         if not self._based:
             return torch.arange(self.tail.start, self.tail.stop)
         if not self.tail:
-            return self.base
-        return torch.cat([self.base, torch.arange(self.tail.start, self.tail.stop)])
+            return base
+        return torch.cat([base, torch.arange(self.tail.start, self.tail.stop)])
 
 
 class JointRows(KVCache):
@@ -581,9 +586,24 @@ class JointRows(KVCache):
         if not len(slots.base):  # one run of slots (most calls: stacked once, then appended to): a slice
             taken = rows[:, :, :, slots.tail.start : slots.tail.stop]
             return taken if out is None else out.copy_(taken)
+        if isinstance(slots.base, range):  # two runs (a call's rows of a table: see decode.joined): two slices
+            runs = [rows[:, :, :, r.start : r.stop] for r in (slots.base, slots.tail)]
+            if out is None:
+                return torch.cat(runs, 3)
+            out[:, :, :, : len(slots.base)].copy_(runs[0])
+            out[:, :, :, len(slots.base) :].copy_(runs[1])
+            return out
         if out is None:
             return rows.index_select(3, self._slots)
         return torch.index_select(rows, 3, self._slots, out=out)
+
+    def part(self, rows: slice, slots: Slots) -> "JointRows":
+        own, source = self._held()
+        if own is not None:
+            return JointRows(own, rows, slots)
+        # Still in the stacked buffer: its rows of these rows, its slots of these slots.
+        at = self._rows.start
+        return JointRows(source, slice(at + rows.start, at + rows.stop), Slots(self.slots.tensor()[slots.tensor()]))
 
     def settle(self) -> _Buffer:
         """The rows' own buffer, copied out on the first call (the stacked one is then no longer held)."""

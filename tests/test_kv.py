@@ -225,6 +225,46 @@ def test_a_call_s_rows_of_a_stacked_buffer_read_and_settled_hold_its_slots_in_or
             assert not whole[:, :, rows.length :].any()
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.data(), st.sampled_from(["cache", "in place", "settled"]), st.booleans())
+def test_a_part_of_a_cache_holds_its_rows_and_slots_in_order_read_in_place_or_copied(n, data, parent_is, two_runs):
+    """Some rows and slots of a cache (a table's call leaving with its rows): of a cache of its own,
+    of a call's rows still in a stacked buffer, or of those rows once copied out, the part reads
+    those rows' slots in order, before and after it is copied into a buffer of its own."""
+    from continuous.kv import JointRows, Slots
+
+    source, _ = fill(None, n + 2, 12, 0)
+    numbered(source)
+    if parent_is == "cache":
+        parent = source.crop(10)
+        first = 0
+    else:
+        first = data.draw(st.integers(0, 2))
+        scattered = sorted(data.draw(st.sets(st.integers(0, 5), max_size=4)))
+        parent = JointRows(source._buffer, slice(first, first + n), Slots(torch.tensor(scattered, dtype=torch.long)
+                                                                          if scattered else None, range(6, 10)))
+        if parent_is == "settled":
+            parent.settle()
+    rows = data.draw(st.tuples(st.integers(0, n - 1), st.integers(1, n)).filter(lambda r: r[0] < r[1]))
+    if two_runs:
+        cut = data.draw(st.integers(0, parent.length))
+        start = data.draw(st.integers(cut, parent.length))
+        slots, order = Slots(range(cut), range(start, parent.length)), list(range(cut)) + list(range(start,
+                                                                                                  parent.length))
+    else:
+        order = sorted(data.draw(st.sets(st.integers(0, parent.length - 1), min_size=1)))
+        slots = Slots(torch.tensor(order, dtype=torch.long))
+    part = parent.part(slice(*rows), slots)
+    assert part.length == len(order) and part.rows == rows[1] - rows[0]
+    want = [[t[rows[0] : rows[1]][:, :, order] for t in parent.layer(layer)] for layer in range(2)]
+    for copied in (False, True):
+        if copied:
+            part.settle()
+        for layer in range(2):
+            for w, g in zip(want[layer], part.layer(layer)):
+                assert torch.equal(g, w)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.sampled_from([(2, 4, 4, CPU), (1, 8, 4, CPU), (2, 4, 8, CPU)]), min_size=1, max_size=6),
        st.integers(1, 3), st.integers(1, 5), st.booleans())
