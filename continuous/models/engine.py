@@ -9,9 +9,13 @@ calls in a table (:mod:`.table`) and steps them all:
    between two steps, or between two chunks of its prefill);
 2. waiting calls are admitted while their rows and KV bytes fit (:class:`~.table.Table`);
 3. every call whose consumer asked for something is advanced: it is sent the reply to its
-   last forward and runs its host work until it yields its next forward, or an event;
-   a piece goes to its consumer and *parks* the call (a stream nobody reads holds no step
-   back);
+   last forward and runs its host work until it yields its next forward, its next host
+   work (:class:`~.scheduler.Work`: the host work of one kind runs once for every call
+   that asks for it), or an event; a piece goes to its consumer and *parks* the call (a
+   stream nobody reads holds no step back). Calls whose work says they can be stepped as
+   one (their ``tables``: calls at their first step with the same options) are *seated*:
+   one new call steps all their rows, and lets each go on once its rows are done
+   (:class:`Seat`);
 4. the forwards are merged (:mod:`.scheduler`'s policy: groups that pad well, one chunk of
    the oldest long prefill), run by the backend, and each call gets its reply; when a
    merged forward fails, each request runs alone, so that a failure fails only its call.
@@ -113,8 +117,9 @@ class Engine:
             return call
 
     def running(self) -> int:
-        """How many calls are admitted."""
-        return len(self.table.calls)
+        """How many admitted calls step: a call whose rows another call steps (see :meth:`_seat`)
+        counts in that one."""
+        return self.table.stepping
 
     def next(self, call: Call, what: str = PIECE):
         """Wait for what the consumer asks of ``call``: a piece, :data:`READY`, or (with
@@ -278,8 +283,8 @@ class Engine:
         table = self.table
         if table.waiting and (table.waiting[0].cancelled or table.fits(table.waiting[0])):
             return True
-        return any(c.cancelled or c.request is not None or c.work is not None or c.demand is not None
-                   for c in table.calls.values())
+        return any(c.cancelled or c.request is not None or c.work is not None
+                   or (c.demand is not None and c.seat is None) for c in table.calls.values())
 
     # -- the step ----------------------------------------------------------------------
 
@@ -319,6 +324,7 @@ class Engine:
                 self._advance(call)
                 moved = True
         ran = self._work(calls)
+        calls = list(self.table.calls.values())  # with the calls seating made (only this thread adds any)
         with self.cond:
             self._tell()  # before the step waits for them to ask again, and before the forward
         if ran:
@@ -328,9 +334,9 @@ class Engine:
                 with self.cond:
                     self._linger(own)
                 began += time.perf_counter() - waited  # waiting is no host work
-            for call in calls:
-                if call.asks:  # asked again while the step waited: joins this step's forward
-                    self._advance(call)
+        for call in calls:
+            if call.asks:  # asked again while the step waited, or let go by its table: joins this step's forward
+                self._advance(call)
         requests = [c.request for c in calls if not c.done and c.request is not None]
         if self.woken:
             with self.cond:
@@ -386,6 +392,8 @@ class Engine:
                 return
             if item != READY and call.first_piece_at is None:
                 call.first_piece_at = time.monotonic()
+                for guest in call.guests:  # their first tokens came with this piece
+                    guest.first_piece_at = guest.first_piece_at or call.first_piece_at
             if item != READY and call.demand == ALL and not call.cancelled:
                 continue  # the piece is dropped; no lock: nothing lowers a demand of ALL but this thread
             with self.cond:
@@ -421,13 +429,51 @@ class Engine:
             ran = True
             calls = []  # only a call advanced here may ask for more work
             for group in groups.values():
+                group, hosts = self._seat_all(group)
                 items = [c.work for c in group]
                 for call in group:
                     call.work = None
-                for call, reply in zip(group, _together(items)):
+                for call, reply in zip(group, _together(items) if items else []):
                     call.reply = reply
                     self._advance(call)
-                calls += group
+                calls += group + hosts
+
+    def _seat_all(self, group: list[Call]) -> tuple[list[Call], list[Call]]:
+        """Seat the calls of a group of work whose rows one call can step as its own (the work's
+        ``tables(items)``: ``(indices, make)`` per such set of items, ``make(seats)`` giving the
+        coroutine that steps them); returns the calls left, and the new calls, advanced."""
+        tables = getattr(type(group[0].work), "tables", None)
+        if tables is None or len(group) < 2:
+            return group, []
+        seated, hosts = set(), []
+        for indices, make in tables([c.work for c in group]):
+            guests = [group[i] for i in indices]
+            try:
+                steps = make([Seat(self, guest) for guest in guests])
+            except Exception:  # noqa: BLE001 - they step on their own, as they would have
+                logger.exception("calls could not be stepped as one: each steps on its own")
+                continue
+            for guest in guests:
+                guest.work = None
+            seated.update(indices)
+            hosts.append(self._seat(guests, steps))
+        return [c for i, c in enumerate(group) if i not in seated], hosts
+
+    def _seat(self, guests: list[Call], steps: Generator) -> Call:
+        """A new call, ``steps``, that steps the rows of ``guests`` (see :meth:`.table.Table.seat`),
+        advanced to its first work."""
+        with self.cond:
+            host = self.table.seat(steps, guests)
+            self._gauges()
+        self._advance(host)
+        return host
+
+    def _let_go(self, guest: Call, value, error: BaseException | None) -> None:
+        """The call stepping ``guest``'s rows is done with them: ``guest`` goes on with ``value``
+        (or ``error``)."""
+        guest.reply, guest.then = (value, error), None
+        with self.cond:
+            self.table.let_go(guest)
 
     def _close(self, call: Call) -> None:
         """End a cancelled call where its coroutine waits; its pending forward is dropped."""
@@ -449,9 +495,9 @@ class Engine:
             except Exception:  # noqa: BLE001 - its rows stay where they are: still right, only not freed
                 logger.exception("the backend could not let go of a call's rows")
         with self.cond:
-            call.done, call.error, call.request = True, error, None
-            call.demand = None
+            call.done, call.error, call.request, call.demand = True, error, None, None
             self.table.remove(call)
+            call.guests = []  # no cycle of calls outlives them
             self._gauges()
             self._wake(call)
             self.cond.notify_all()
@@ -523,8 +569,27 @@ class Engine:
 
     def _gauges(self) -> None:
         if self.stats is not None:
-            self.stats.set_gauges(calls_running=len(self.table.calls), calls_waiting=len(self.table.waiting),
+            # A call stepping others' rows is none of its callers'.
+            self.stats.set_gauges(calls_running=len(self.table.calls) - self.table.hosts,
+                                  calls_waiting=len(self.table.waiting),
                                   rows_in_use=self.table.rows, kv_bytes_in_use=self.table.kv)
+
+
+class Seat:
+    """What the call stepping another call's rows (its guest) knows of the guest, and how it lets go."""
+
+    def __init__(self, engine: Engine, guest: Call):
+        self._engine, self._guest = engine, guest
+
+    @property
+    def gone(self) -> bool:
+        """The guest ended (it was cancelled or closed): nobody reads its rows."""
+        return self._guest.done or self._guest.cancelled
+
+    def let_go(self, value=None, error: BaseException | None = None) -> None:
+        """The guest's rows are done: its coroutine goes on, at this step, sent ``value`` (or
+        thrown ``error``)."""
+        self._engine._let_go(self._guest, value, error)
 
 
 def _together(items: list[Work]) -> list[tuple]:

@@ -94,7 +94,11 @@ class Work:
 
     A call's coroutine yields it as it yields a :class:`Request`, and is sent back its
     result. The items of one ``key`` pending at a step run as one:
-    ``type(item).run_all(items)`` returns each item's result, in order.
+    ``type(item).run_all(items)`` returns each item's result, in order. A kind of work may
+    also say which of its calls can be stepped as one from now on:
+    ``type(item).tables(items)`` (optional) returns, per such set, the items' indices and
+    ``make(seats)``, the coroutine of the call that steps them (see
+    :meth:`~continuous.models.engine.Engine._seat_all`).
     """
 
     @property

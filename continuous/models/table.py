@@ -4,7 +4,8 @@ A call is a coroutine (:meth:`continuous.decode.Decoding.run`) plus what the eng
 knows of it: what its consumer asked for (``demand``), the events it handed and not yet
 taken, its pending forward and the reply to it, and whether it was cancelled. Admission
 counts the rows and the KV bytes the admitted calls reserve; a call past a limit waits,
-in order of arrival, for room.
+in order of arrival, for room. A call may be *seated* in another (:meth:`Table.seat`):
+that call steps the rows of its ``guests`` as its own until it lets each go on.
 """
 
 from __future__ import annotations
@@ -46,12 +47,14 @@ class Call:
     handed_at: float = 0.0  # when it last handed a piece to its consumer
     first_piece_at: float | None = None  # time.monotonic() of its first piece, taken or not
     wakers: list = field(default_factory=list)  # (event loop, future) of async consumers waiting
+    seat: "Call | None" = None  # the call that steps its rows with others' (see Table.seat), until it lets go
+    guests: list = field(default_factory=list)  # the calls whose rows this call steps
 
     @property
     def asks(self) -> bool:
         """Its consumer asked for something and nothing of it is pending: a step advances it."""
-        return (not self.done and not self.cancelled and self.request is None and self.work is None
-                and self.demand is not None)
+        return (self.seat is None and not self.done and not self.cancelled and self.request is None
+                and self.work is None and self.demand is not None)
 
 
 class Table:
@@ -63,6 +66,8 @@ class Table:
         self.waiting: deque[Call] = deque()
         self.rows = 0
         self.kv = 0
+        self.stepping = 0  # admitted calls that step on their own (not seated in another)
+        self.hosts = 0  # admitted calls that step others' rows (see seat)
         self._ids = itertools.count(1)
 
     def check(self, rows: int, kv: int) -> None:
@@ -93,12 +98,33 @@ class Table:
             call.admitted = True
             self.calls[call.id] = call
             self.rows, self.kv = self.rows + call.rows, self.kv + call.kv
+            self.stepping += 1
             admitted.append(call)
         return admitted
+
+    def seat(self, steps: Generator, guests: list[Call]) -> Call:
+        """A call that steps the rows of ``guests`` (admitted calls) as its own: it takes over their
+        rows and KV bytes, which it holds until it ends (a guest's rows stay in its batch once the
+        guest ended); it runs whole, its consumer being its guests."""
+        host = Call(next(self._ids), steps, sum(g.rows for g in guests), sum(g.kv for g in guests), demand=ALL,
+                    admitted=True, ready=True, guests=list(guests))
+        for guest in guests:
+            guest.seat, guest.rows, guest.kv = host, 0, 0
+        self.calls[host.id] = host
+        self.stepping += 1 - len(guests)
+        self.hosts += 1
+        return host
+
+    def let_go(self, guest: Call) -> None:
+        """``guest`` steps on its own again (its host is done with its rows)."""
+        guest.seat = None
+        self.stepping += 1
 
     def remove(self, call: Call) -> None:
         """The call ended: its rows and KV bytes are free."""
         if self.calls.pop(call.id, None) is not None:
             self.rows, self.kv = self.rows - call.rows, self.kv - call.kv
+            self.stepping -= call.seat is None
+            self.hosts -= bool(call.guests)
         elif call in self.waiting:
             self.waiting.remove(call)

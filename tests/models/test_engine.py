@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from continuous.models import engine as engine_module
+from continuous.models.base import Stats
 from continuous.models.engine import DONE, Engine
 from continuous.models.scheduler import Request, Work
 from continuous.models.table import ALL, PIECE, READY
@@ -494,3 +495,104 @@ class _Schedules(RuleBasedStateMachine):
 
 test_any_schedule_of_calls_ends_every_call_with_its_own_forwards_and_leaves_nothing = _Schedules.TestCase
 _Schedules.TestCase.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
+
+
+class _Ask(Work):
+    """A call's ask to be stepped with the calls that ask with it (a table of them)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    @property
+    def key(self):
+        return "ask"
+
+    @staticmethod
+    def run_all(items):
+        return ["alone"] * len(items)  # not seated: each steps on its own
+
+    @staticmethod
+    def tables(items):
+        return [(list(range(len(items))), lambda seats: _host([item.name for item in items], seats))]
+
+
+def _guest(name, log):
+    """A call that asks to be seated: its prefill, READY, then what its host let it go with."""
+    try:
+        yield Request(torch.zeros((1, 2), dtype=torch.long), None, None)
+        yield READY
+        got = yield _Ask(name)
+        log.append((name, got))
+    finally:
+        log.append(name)
+
+
+def _host(names, seats, fail_at=None):
+    """Steps its guests' rows: one forward a step; guest ``i`` leaves after step ``i`` (a gone one is skipped)."""
+    cache = None
+    for i, (name, seat) in enumerate(zip(names, seats)):
+        token = -1 if i == fail_at else 0
+        try:
+            _, cache = yield Request(torch.full((len(names), 1), token), None, cache)
+        except RuntimeError as exc:
+            for other in seats[i:]:
+                if not other.gone:
+                    other.let_go(error=exc)
+            raise
+        if not seat.gone:
+            seat.let_go(f"{name} left at {i}")
+
+
+def test_calls_seated_together_step_as_one_call_and_leave_one_by_one(backend):
+    engine, left = _engine(backend, stats=Stats())
+    log = []
+    calls = [engine.submit(_guest(name, log), rows=1, tokens=4) for name in "abc"]
+    for call in calls:
+        engine.ask(call, ALL)
+    engine.step()  # their prefills, merged
+    rows = engine.table.rows
+    engine.step()  # READY, their asks: seated; the host's first forward
+    (host,) = [c for c in engine.table.calls.values() if c.guests]
+    assert [c.seat for c in calls] == [host] * 3 and host.guests == calls
+    assert backend.forwards[-1] == [(host.id, 1)]
+    assert engine.running() == 1 and engine.stats.calls_running == 3  # the host is no caller's
+    assert engine.table.rows == rows  # the host holds its guests' rows
+    assert not log
+    engine.step()  # the host's first step answered: a leaves, and ends at this step
+    assert calls[0].done and log == [("a", "a left at 0"), "a"] and not calls[1].done
+    engine.cancel(calls[1])
+    engine.step()  # b is closed where it waits; the host skips it
+    assert calls[1].done and calls[1].error is None and log[-1] == "b"
+    engine.step()
+    assert calls[2].done and log[-2:] == [("c", "c left at 2"), "c"]
+    assert host.done and not engine.table.calls and engine.table.rows == engine.table.kv == 0
+    assert engine.running() == 0 and engine.stats.calls_running == 0
+    assert sorted(left) == sorted([c.id for c in calls] + [host.id])
+
+
+def test_a_failing_host_fails_the_calls_still_seated_and_a_failed_seating_leaves_them_alone(backend, monkeypatch):
+    engine, _ = _engine(backend)
+    log = []
+    monkeypatch.setattr(_Ask, "tables", staticmethod(
+        lambda items: [(list(range(len(items))), lambda seats: _host([i.name for i in items], seats, fail_at=1))]))
+    calls = [engine.submit(_guest(name, log), rows=1) for name in "abc"]
+    for call in calls:
+        engine.ask(call, ALL)
+    for _ in range(4):
+        engine.step()
+    assert calls[0].done and calls[0].error is None
+    assert all(isinstance(c.error, RuntimeError) for c in calls[1:]) and not engine.table.calls
+
+    def broken(items):
+        def make(seats):
+            raise MemoryError("no room to stack them")
+        return [(list(range(len(items))), make)]
+
+    monkeypatch.setattr(_Ask, "tables", staticmethod(broken))
+    log.clear()
+    calls = [engine.submit(_guest(name, log), rows=1) for name in "de"]
+    for call in calls:
+        engine.ask(call, ALL)
+    for _ in range(3):
+        engine.step()
+    assert all(c.done and c.error is None for c in calls) and ("d", "alone") in log and ("e", "alone") in log
