@@ -387,7 +387,7 @@ class Stream:
         return self._call
 
     def _prepared(self) -> bool:
-        return self._decoding is not None and self._decoding.batch is not None
+        return self._decoding is not None and self._decoding.prepared
 
     def _next(self, what: str):
         """The next piece, ``READY``, or ``DONE`` (``what`` is ``PIECE``, ``READY`` or ``ALL``)."""

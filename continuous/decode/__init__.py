@@ -5,6 +5,8 @@
   the one host transfer, reorder, advance each row, forward; a coroutine that yields its
   forwards to the model's engine (:mod:`continuous.models.engine`), or runs alone (``drive``).
 - :mod:`.batch`: every per-row array of a call, reordered together.
+- :mod:`.joined`: calls that start together stepped as one table of rows, each call
+  leaving with its own rows once they are done.
 - :mod:`.rows`: each row's text part (pieces, stop strings, streaming) and history part
   (tokens, bans, what a rewind undoes).
 - :mod:`.finish`: why a row stopped.

@@ -7,7 +7,9 @@ from typing import Any, Callable
 
 import torch
 
+from ..kv import stack
 from ..samplers import RowDraws
+from ..transfer import cat_rows
 from .constraints import RowConstraints
 from .grid import Grid
 from .rows import RowState
@@ -64,6 +66,22 @@ class Batch:
     # Steps recorded and not yet written into ``gained`` and ``cost``: writing each step at
     # once would be a device op per call per step (a kernel launch on a GPU).
     _recorded: list[tuple[int, torch.Tensor, torch.Tensor | None, slice]] = field(default_factory=list, repr=False)
+
+    @classmethod
+    def joined(cls, parts: list["Batch"], device: torch.device) -> "Batch":
+        """The rows of several calls' batches at their first step (nothing recorded yet), one after the
+        other: their caches are stacked (:func:`~continuous.kv.stack`), their grids side by side."""
+        steps = max(p.gained.shape[1] for p in parts)
+        n = sum(len(p.states) for p in parts)
+        logits = cat_rows([p.logits for p in parts])
+        start = logits if all(p.start is p.logits for p in parts) else cat_rows([p.start for p in parts])
+        return cls(logits=logits, start=start, weights=torch.cat([p.weights for p in parts]),
+                   gained=torch.zeros(n, steps, device=device), cost=torch.zeros(n, device=device),
+                   cache=stack([p.cache for p in parts], [len(p.states) for p in parts], steps),
+                   grid=Grid.joined([p.grid for p in parts], device),
+                   constraints=RowConstraints.joined([p.constraints for p in parts]),
+                   draws=None if parts[0].draws is None else RowDraws.joined([p.draws for p in parts]),
+                   states=[s for p in parts for s in p.states], logits_ok=[ok for p in parts for ok in p.logits_ok])
 
     def select(self, rows: list[int], index: torch.Tensor) -> None:
         """Row ``i`` becomes row ``rows[i]`` in every field (``index``: ``rows`` on the device)."""

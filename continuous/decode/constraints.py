@@ -7,6 +7,7 @@ torch ops, so logits never leave the device.
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import torch
@@ -81,6 +82,21 @@ class RowConstraints:
                                                                            rows.ends[r]) for r in range(rows.n_rows)]
         return cls(constraint, rows.n_rows, model.vocab_size, len(tokenizer), tokenizer.eos_token_id, device,
                    heal_matchers(tokenizer, rows, removed, matchers) or matchers, also_eos=model.eos_token_ids)
+
+    @classmethod
+    def joined(cls, parts: list["RowConstraints"]) -> "RowConstraints":
+        """The rows of several calls' constraints of one constraint object, one after the other."""
+        joined = copy.copy(parts[0])
+        joined.matchers = None if joined.matchers is None else [m for p in parts for m in p.matchers]
+        joined.bitmask = torch.cat([p.bitmask for p in parts])
+        if joined.device.type == "cuda":
+            joined.bitmask = joined.bitmask.pin_memory()
+        joined.single = [s for p in parts for s in p.single]
+        return joined
+
+    def complete_rows(self, rows: slice) -> list[bool] | None:
+        """:meth:`complete` of some rows."""
+        return None if self.constraint is None else [m.accepting() for m in self.matchers[rows]]
 
     def watch(self) -> Watch | None:
         """A new row's watch over what the constraint could not enforce in its grammar (``None``: nothing)."""

@@ -12,6 +12,7 @@ one draw, so a row's tokens never depend on who shares its step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
@@ -21,6 +22,7 @@ from ..models.scheduler import Work
 from ..samplers import Multinomial, RowDraws, Sampler, choose
 from ..transfer import cat_rows, split_rows, to_host
 from .constraints import RowConstraints
+from .joined import Joined
 from .processors import Processor, Scores, shared
 from .rows import RowView
 
@@ -72,6 +74,9 @@ class Draw(Work):
         (host ids, and 1 where a row had no token), leaving their masks unwritten; returns the
         rows moved. The masks of every draw's moved rows are then written at once, in one fill
         (the call's step takes those rows on from there).
+    seat
+        The call's :class:`~continuous.decode.loop.Decoding`, at its first step, when its rows may be
+        stepped with those of other calls that start with it (:meth:`tables`); else ``None``.
     """
 
     logits: torch.Tensor
@@ -88,6 +93,7 @@ class Draw(Work):
     logprobs: bool = False
     family: Any = None
     consume: Callable[[list[int], list[int]], list[int]] | None = None
+    seat: Any = None
 
     @staticmethod
     def family_of(sampler: Sampler, after: list[Processor], logits: torch.Tensor):
@@ -101,6 +107,18 @@ class Draw(Work):
     @property
     def key(self):
         return id(self) if self.family is None else self.family
+
+    @staticmethod
+    def tables(draws: list["Draw"]) -> list[tuple[list[int], Callable]]:
+        """The draws whose calls step as one from now on (:mod:`.joined`): per set of calls at their
+        first step with the same :attr:`~continuous.decode.loop.Decoding.seat_key`, their indices and
+        ``make(seats)``, the coroutine of the call that steps their rows."""
+        sets: dict = {}
+        for i, d in enumerate(draws):
+            if d.seat is not None:
+                sets.setdefault(d.seat.seat_key, []).append(i)
+        return [(indices, partial(Joined.steps_of, [draws[i].seat for i in indices]))
+                for indices in sets.values() if len(indices) > 1]
 
     @staticmethod
     def run_all(draws: list["Draw"]) -> list["Drawn"]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from ..layout import Rows, interior_holes
 from ..transfer import to_device
@@ -40,20 +41,33 @@ class Grid:
     """
 
     def __init__(self, rows: Rows, device: torch.device):
-        self.pad = rows.pad
-        self.token_ids, self.real = rows.token_ids, rows.attention_mask  # host copies, reordered with the rows
-        self.width0 = rows.token_ids.shape[1]
+        self._start(rows.token_ids, rows.attention_mask, rows.pad, device)
+
+    def _start(self, token_ids: torch.Tensor, real: torch.Tensor, pad: int, device: torch.device) -> None:
+        self.pad = pad
+        self.token_ids, self.real = token_ids, real  # host copies, reordered with the rows
+        self.width0 = token_ids.shape[1]
         self.columns: list[list[int]] = []  # generated ids per column (pad for holes), host
         self.reals: list[list[bool]] = []  # per column, which rows hold a real token there
-        self._mask = rows.attention_mask.to(device)
+        self._mask = real.to(device)
         self._ones_after = 0  # columns of ones appended to the mask and not yet made (plain steps)
-        self.all_real = bool(rows.attention_mask.all())
-        self.holes = not self.all_real and interior_holes(rows.attention_mask)
+        self.all_real = bool(real.all())
+        self.holes = not self.all_real and interior_holes(real)
         # Per row, whether it ends in a hole (it finished, or was cut shorter): its next token
         # makes that hole interior.
-        self.trailing = [False] * rows.n_rows if self.all_real else (rows.attention_mask[:, -1] == 0).tolist()
-        self._ones = torch.ones((rows.n_rows, 1), dtype=torch.bool, device=device)
+        self.trailing = [False] * len(real) if self.all_real else (real[:, -1] == 0).tolist()
+        self._ones = torch.ones((len(real), 1), dtype=torch.bool, device=device)
         self.last_real: torch.Tensor | None = None  # [rows, width] of the last append, on the device
+
+    @classmethod
+    def joined(cls, grids: list["Grid"], device: torch.device) -> "Grid":
+        """The rows of grids with no generated column yet, one after the other, each left-aligned:
+        the slots past a shorter grid's are holes (as :func:`~continuous.kv.stack` lays out their caches)."""
+        width = max(g.width0 for g in grids)
+        grid = cls.__new__(cls)
+        grid._start(torch.cat([F.pad(g.token_ids, (0, width - g.width0), value=g.pad) for g in grids]),
+                    torch.cat([F.pad(g.real, (0, width - g.width0)) for g in grids]), grids[0].pad, device)
+        return grid
 
     @property
     def attention_mask(self) -> torch.Tensor:

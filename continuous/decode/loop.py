@@ -22,6 +22,7 @@ import torch
 
 from ..errors import ContextWarning
 from ..heal import heal_rows
+from ..kv import KVCache
 from ..layout import Rows
 from ..samplers import RowDraws
 from ..transfer import to_device
@@ -30,6 +31,7 @@ from .batch import Batch
 from .constraints import RowConstraints
 from .finish import Finish
 from .grid import Grid
+from .joined import LEFT
 from .options import Options
 from .draw import NOTHING_IMPOSED, Draw
 from .overlap import Queued
@@ -83,6 +85,33 @@ class Decoding:
         #: yielded (its time is the time to first token), and the last.
         self.whole = False
         self.over = False  # every row finished and flushed: results read the rows as they are
+        #: The call that steps this call's rows with others' (:mod:`.joined`), once it was seated there.
+        self.table = None
+        #: What :meth:`seen` reads once the rows ended in that call: its rows of it, taken.
+        self.taken: tuple | None = None
+        #: Called after each step's advance, before the pieces are handed (the rows' departures, in a table).
+        self.on_step: Callable[[], None] | None = None
+
+    @classmethod
+    def joined(cls, parts: list["Decoding"]) -> "Decoding":
+        """One decoding of the rows of ``parts`` (decodings at their first step, with equal
+        :attr:`seat_key`), one after the other: their batches side by side, one grid, one advance."""
+        first = parts[0]
+        self = cls.__new__(cls)
+        self.model, self.options, self.sampler = first.model, first.options, first.sampler
+        self.tokenizer, self.eos, self._inputs = first.tokenizer, first.eos, None
+        self.batch = Batch.joined([p.batch for p in parts], first.batch.logits.device)
+        self.unforwarded, self.resumed, self.whole, self.over = None, None, True, False
+        self.table, self.taken, self.on_step = None, None, None
+        self.pad, self.steps = first.pad, [s for p in parts for s in p.steps]
+        self._ready([limit for p in parts for limit in p.limits])
+        self.seat_key = None  # a table is never seated in another
+        return self
+
+    @property
+    def prepared(self) -> bool:
+        """Whether its rows are prepared (and :meth:`result` may be read)."""
+        return self.batch is not None or self.table is not None or self.taken is not None
 
     def run(self):
         """The call: prepare the rows (heal, prefill, fork), yield :data:`READY`, then step.
@@ -91,10 +120,11 @@ class Decoding:
         ``(logits, cache)``, or throw its error) and each event (send ``None``).
         """
         rows, weights, constraint = self._inputs
-        rows, weights, removed = yield from _prepare(self.model, rows, weights, self.options)
-        self._build(self.model, rows, weights, removed, constraint, self.options)
+        prepared = yield from _prepare(self.model, rows, weights, self.options)
+        self._build(self.model, *prepared, constraint, self.options)
+        del prepared  # the prepared rows live on in the batch only (a table takes them over, and lets go)
         yield READY
-        yield from self._steps()
+        yield from self.decode()
 
     def prepare(self) -> "Decoding":
         """Prepare the rows now, alone (forwarding directly); returns the decoding."""
@@ -130,23 +160,49 @@ class Decoding:
         for r, row in enumerate(states):
             if constraints.done(r) or self.steps[r] <= 0:
                 row.finish(Finish.EOS if constraints.done(r) else limits[r])
+        self._ready(limits)
+
+    def _ready(self, limits: list[Finish]) -> None:
+        """What the steps use, made from the batch and the options (its rows' ``limits``: why each
+        ends once it generated ``steps[r]`` tokens)."""
+        options, batch = self.options, self.batch
+        self.limits = limits
         self.advance = Advance(self.batch, options, self.tokenizer, self.eos, self.steps, limits)
         self.warned = False
         self.token_texts = token_texts(self.tokenizer)
         self.own = own(options, self.pad)
         self.after = [ForkRanking(options.fork)] if self.sampler.joint and options.fork > 1 else []
-        self.family = Draw.family_of(self.sampler, self.after, rows.logits)
+        self.family = Draw.family_of(self.sampler, self.after, batch.logits)
         # The draw moves the matchers past the sampled tokens and writes their masks with every call's
         # at once; beams reorder their rows first, so theirs move one by one as the rows take them.
-        self.consume = self.advance.consume if constraints.matchers is not None and not self.sampler.joint else None
+        moves = batch.constraints.matchers is not None and not self.sampler.joint
+        self.consume = self.advance.consume if moves else None
         eos = self.tokenizer.eos_token_id
         self.sentinel = eos if eos is not None else min(self.eos, default=0)  # what finished rows "emit"
         # The queued step's input is the sampled token whatever the constraint: its mask for
         # the next step is filled on the host while the device runs the step. Beams reorder
         # rows at every step, so they would give back nearly every queued step.
-        self.overlap = model.overlap and not self.sampler.joint and options.speculate is None
+        self.overlap = self.model.overlap and not self.sampler.joint and options.speculate is None
         self.speculation = None if options.speculate is None else Speculation(options.speculate, self.sampler,
                                                                                options.rng)
+        self.seat_key = self._seat_key()
+
+    def _seat_key(self):
+        """What calls stepped as one (:mod:`.joined`) share: all that their steps read of the call but
+        its rows. ``None``: this call steps alone (its own processors, a draft model, beams, or a
+        backend whose caches do not stack)."""
+        options, constraints = self.options, self.batch.constraints
+        if self.own or self.family is None or self.speculation is not None:
+            return None
+        if not isinstance(self.batch.cache, KVCache):
+            return None
+        key = (self.family, id(constraints.constraint), constraints.matchers is None, self.sampler, options.stop_at,
+               options.fast_forward, options.logprobs, id(options.bans))
+        try:
+            hash(key)
+        except TypeError:  # a sampler of the user's that cannot be told equal to another
+            return None
+        return key
 
     def _watches(self, constraints: RowConstraints, before: str) -> list:
         """What watches a row's text for matches to rewind on: the bans, and what the constraint
@@ -154,7 +210,8 @@ class Decoding:
         bans = [self.options.bans.matcher(before)] if self.options.bans is not None else []
         return bans + [w for w in [constraints.watch()] if w is not None]
 
-    def _steps(self) -> Iterator[list[str | None]]:
+    def decode(self) -> Iterator[list[str | None]]:
+        """Step the prepared rows until every row finished (a coroutine, as :meth:`run`)."""
         batch = self.batch
         identity = list(range(len(batch.states)))
         step = 0
@@ -162,7 +219,9 @@ class Decoding:
         drawn = None  # a step's draw, when the forward before it came with it (see _forward)
         while not finished:
             if drawn is None:
-                drawn = yield self._draw(step)
+                drawn = yield from self._drawn(step)
+            if drawn is LEFT:  # its rows were stepped in a table (see .joined), which took them at their end
+                return
             if drawn.error is not None:
                 if drawn.queued is not None:
                     drawn.queued.give_back(count=False)
@@ -180,6 +239,7 @@ class Decoding:
             drafts = self.speculation.draft(self, chunks) if self.speculation is not None else None
             sent, plain, new_ids = self._append(chunks, drafts, ids_h)
             self.unforwarded = chunks  # until the forward below: a snapshot's rows recompute them
+            dropped = self._drop(self.on_step(), sent) if self.on_step is not None else 0
             if not self.whole or step == 1:  # a consumer of the whole answer hears of the first piece only
                 yield from self._hand(queued)
             if rewound:
@@ -195,8 +255,8 @@ class Decoding:
                 break
             if any(chunks):  # else every row went back to the start of the call: its logits are kept
                 keep = 1 + max(map(len, drafts)) if drafts else 1  # the drafts are checked on their logits
-                logits, drawn = yield from self._forward(ids if plain else new_ids, sum(map(len, sent)), plain,
-                                                         keep, step)
+                logits, drawn = yield from self._forward(ids if plain else new_ids, sum(map(len, sent)) - dropped,
+                                                         plain, keep, step)
                 if self.speculation is not None:
                     step += self.speculation.verify(self, logits, step)
                     finished = all(row.finished for row in batch.states)
@@ -207,6 +267,25 @@ class Decoding:
         last = [row.release() for row in batch.states]
         if any(last):
             yield last
+
+    def _drop(self, rows: list[int], sent: list[list[int]]) -> int:
+        """Rows whose calls left a table at this step (see :mod:`.joined`): the slots they just took
+        become holes, which the next forward does not compute for anyone; returns how many."""
+        end, dropped = len(self.grid.columns), 0
+        for r in rows:
+            for slot in range(end - len(sent[r]), end):
+                self.grid.reject(r, slot)
+            dropped += len(sent[r])
+        return dropped
+
+    def _drawn(self, step: int):
+        """The draw of step ``step``, yielded (what the engine sends back: its outcome, or :data:`LEFT`)."""
+        try:
+            return (yield self._draw(step))
+        except GeneratorExit:
+            if self.table is not None and self.taken is None:  # closed in a table: its rows so far are its result
+                self.taken, self.table = self.table.take(self), None
+            raise
 
     def _draw(self, step: int) -> Draw:
         """The ask for the rows' next tokens (see :class:`~.draw.Draw`), after the call's own processors."""
@@ -220,7 +299,8 @@ class Decoding:
                     sampler=self.sampler, rng=self._rng(), sentinel=self.sentinel, after=self.after,
                     imposed=self.speculation.imposed() if self.speculation else NOTHING_IMPOSED,
                     step=step, queue=(lambda ids: Queued(self.model, ids, batch.cache)) if overlap else None,
-                    logprobs=self.options.logprobs is not None, family=self.family, consume=self.consume)
+                    logprobs=self.options.logprobs is not None, family=self.family, consume=self.consume,
+                    seat=self if step == 0 and self.whole and self.seat_key is not None else None)
 
     def _hand(self, queued):
         """Hand the step's pieces to the consumer, who holds them: the call is parked until it asks
@@ -325,6 +405,9 @@ class Decoding:
     def seen(self) -> Callable[[], Generation]:
         """:meth:`result` as of now, made when called: what it reads is taken now (the rows copied,
         the grid frozen), so the call may go on meanwhile, on another thread."""
+        if self.taken is not None or self.table is not None:  # its rows are (or were) stepped in a table
+            taken = self.taken if self.taken is not None else self.table.take(self)
+            return lambda: self._generation(*taken)
         batch = self.batch
         states = batch.states
         if not self.over:
