@@ -73,9 +73,8 @@ class Batch:
         other: their caches are stacked (:func:`~continuous.kv.stack`), their grids side by side."""
         steps = max(p.gained.shape[1] for p in parts)
         n = sum(len(p.states) for p in parts)
-        logits = cat_rows([p.logits for p in parts])
-        start = logits if all(p.start is p.logits for p in parts) else cat_rows([p.start for p in parts])
-        return cls(logits=logits, start=start, weights=torch.cat([p.weights for p in parts]),
+        logits = cat_rows([p.logits for p in parts])  # at the first step, also where each row started
+        return cls(logits=logits, start=logits, weights=torch.cat([p.weights for p in parts]),
                    gained=torch.zeros(n, steps, device=device), cost=torch.zeros(n, device=device),
                    cache=stack([p.cache for p in parts], [len(p.states) for p in parts], steps),
                    grid=Grid.joined([p.grid for p in parts], device),

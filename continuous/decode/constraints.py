@@ -104,9 +104,7 @@ class RowConstraints:
 
     def complete(self) -> list[bool] | None:
         """Per row, whether the constraint accepts the text so far (``None`` for free text)."""
-        if self.constraint is None:
-            return None
-        return [m.accepting() for m in self.matchers]
+        return self.complete_rows(slice(None))
 
     def _refresh(self, row: int) -> None:
         self.matchers[row].fill(self.bitmask[row])

@@ -54,7 +54,6 @@ class _Guest:
     seat: Any
     rows: slice
     width0: int
-    left: bool = False
 
 
 class Joined:
@@ -94,16 +93,14 @@ class Joined:
         """Step the table's rows until every row finished, letting each call go as its rows end."""
         try:
             yield from self.decoding.decode()
-            for guest in self.guests:  # rows done before any step's departures (none are, in practice)
-                if not guest.left:
-                    self._release(guest)
+            for guest in self.seated:  # rows done before any step's departures (none are, in practice)
+                self._release(guest)
         except GeneratorExit:
             raise
         except BaseException as exc:
-            for guest in self.guests:
-                if not guest.left:
-                    guest.left, guest.decoding.table = True, None
-                    guest.seat.let_go(error=exc)
+            for guest in self.seated:
+                guest.decoding.table = None
+                guest.seat.let_go(error=exc)
             raise
         finally:
             # No reference cycle outlives the table: its memory goes as soon as nothing holds it.
@@ -117,37 +114,50 @@ class Joined:
         if finished == self._finished and not any(guest.seat.gone for guest in self.seated):
             return rows  # most steps: no row finished, nobody left
         self._finished = finished
+        still = []
         for guest in self.seated:
             if guest.seat.gone:  # its rows as they are are its result (it may not have ended yet)
-                if guest.decoding.taken is None:
-                    guest.decoding.taken, guest.decoding.table = self.take(guest.decoding), None
-                guest.left = True
+                if guest.decoding.table is not None:
+                    self._hand_over(guest)
                 for row in states[guest.rows]:
                     if not row.finished:
                         row.finish(Finish.LENGTH)
             elif all(row.finished for row in states[guest.rows]):
                 self._release(guest)
             else:
+                still.append(guest)
                 continue
             rows += range(guest.rows.start, guest.rows.stop)
-        self.seated = [guest for guest in self.seated if not guest.left]
+        self.seated = still
         return rows
 
     def _release(self, guest: _Guest) -> None:
         # Its rows are finished: the table changes them no more (but for the text streamed, which
         # a result does not read), so they are handed over as they are, not copied.
-        guest.decoding.taken, guest.decoding.table = self.take(guest.decoding, copy=False), None
-        guest.left = True
+        self._hand_over(guest, copy=False)
         guest.seat.let_go(LEFT)
 
-    def take(self, decoding, copy: bool = True) -> tuple:
+    def hand_over(self, decoding) -> None:
+        """A seated call leaves now (it was closed): its rows so far become its own (:meth:`take`)."""
+        self._hand_over(self._guest(decoding))
+
+    def _hand_over(self, guest: _Guest, copy: bool = True) -> None:
+        guest.decoding.taken, guest.decoding.table = self._take(guest, copy), None
+
+    def take(self, decoding) -> tuple:
         """A seated call's rows as its own :meth:`~continuous.decode.loop.Decoding.seen` reads
-        them: their states (copies, unless ``copy`` is false), their slots, cache, logits,
-        weights, completeness and constraint cost. Their slots are those the call alone would
-        have: its input's, then the generated columns where one of its rows holds a token (a
-        step as wide as the table's widest row leaves the others' holes the call alone would
-        not have, and the slots its rewinds took back are left out too)."""
-        guest = next(g for g in self.guests if g.decoding is decoding)
+        them: copies of their states, their slots, cache, logits, weights, completeness and
+        constraint cost. Their slots are those the call alone would have: its input's, then the
+        generated columns where one of its rows holds a token (a step as wide as the table's
+        widest row leaves the others' holes the call alone would not have, and the slots its
+        rewinds took back are left out too)."""
+        return self._take(self._guest(decoding), True)
+
+    def _guest(self, decoding) -> _Guest:
+        return next(g for g in self.guests if g.decoding is decoding)
+
+    def _take(self, guest: _Guest, copy: bool) -> tuple:
+        """:meth:`take`, the states copied only with ``copy``."""
         table, rows = self.decoding, guest.rows
         batch, grid = table.batch, table.grid
         states = [row.copy() for row in batch.states[rows]] if copy else batch.states[rows]

@@ -72,10 +72,14 @@ class Decoding:
     """
 
     def __init__(self, model, rows: Rows, weights: torch.Tensor, constraint, options: Options):
-        self.model, self.options, self.sampler = model, options, options.sampler
-        self.tokenizer, self.eos = model.tokenizer, set(model.eos_token_ids)
         check_context(model, rows, 1)  # refused now, before the call is queued
         self._inputs = (rows, weights, constraint)
+        self._start(model, options)
+
+    def _start(self, model, options: Options) -> None:
+        """The state of a call not yet stepped."""
+        self.model, self.options, self.sampler = model, options, options.sampler
+        self.tokenizer, self.eos = model.tokenizer, set(model.eos_token_ids)
         self.batch: Batch | None = None
         self.unforwarded: list[list[int]] | None = None
         #: Called when the call resumes after a piece, before its next step (on the thread that
@@ -85,9 +89,9 @@ class Decoding:
         #: yielded (its time is the time to first token), and the last.
         self.whole = False
         self.over = False  # every row finished and flushed: results read the rows as they are
-        #: The call that steps this call's rows with others' (:mod:`.joined`), once it was seated there.
+        #: The table that steps this call's rows with others' (:mod:`.joined`), while they are seated there.
         self.table = None
-        #: What :meth:`seen` reads once the rows ended in that call: its rows of it, taken.
+        #: What :meth:`seen` reads once its rows left that table: its rows of it, taken.
         self.taken: tuple | None = None
         #: Called after each step's advance, before the pieces are handed (the rows' departures, in a table).
         self.on_step: Callable[[], None] | None = None
@@ -98,11 +102,10 @@ class Decoding:
         :attr:`seat_key`), one after the other: their batches side by side, one grid, one advance."""
         first = parts[0]
         self = cls.__new__(cls)
-        self.model, self.options, self.sampler = first.model, first.options, first.sampler
-        self.tokenizer, self.eos, self._inputs = first.tokenizer, first.eos, None
+        self._inputs = None
+        self._start(first.model, first.options)
         self.batch = Batch.joined([p.batch for p in parts], first.batch.logits.device)
-        self.unforwarded, self.resumed, self.whole, self.over = None, None, True, False
-        self.table, self.taken, self.on_step = None, None, None
+        self.whole = True
         self.pad, self.steps = first.pad, [s for p in parts for s in p.steps]
         self._ready([limit for p in parts for limit in p.limits])
         self.seat_key = None  # a table is never seated in another
@@ -283,8 +286,8 @@ class Decoding:
         try:
             return (yield self._draw(step))
         except GeneratorExit:
-            if self.table is not None and self.taken is None:  # closed in a table: its rows so far are its result
-                self.taken, self.table = self.table.take(self), None
+            if self.table is not None:  # closed in a table: its rows so far are its result
+                self.table.hand_over(self)
             raise
 
     def _draw(self, step: int) -> Draw:
@@ -405,8 +408,8 @@ class Decoding:
     def seen(self) -> Callable[[], Generation]:
         """:meth:`result` as of now, made when called: what it reads is taken now (the rows copied,
         the grid frozen), so the call may go on meanwhile, on another thread."""
-        if self.taken is not None or self.table is not None:  # its rows are (or were) stepped in a table
-            taken = self.taken if self.taken is not None else self.table.take(self)
+        if self.table is not None or self.taken is not None:  # its rows are (or were) stepped in a table
+            taken = self.table.take(self) if self.table is not None else self.taken
             return lambda: self._generation(*taken)
         batch = self.batch
         states = batch.states
