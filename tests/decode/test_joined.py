@@ -3,10 +3,10 @@
 import asyncio
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
+from support.states import same_as_alone
 
 from continuous import continuous, generate
 from continuous.decode import joined
@@ -52,23 +52,6 @@ def tables(monkeypatch):
     return seated
 
 
-def _tokens(state) -> list[list[int]]:
-    """Each row's tokens (its holes aside: a call of a table keeps none of the slots its rewinds
-    took back, where the call alone keeps them as holes)."""
-    return [ids[mask == 1].tolist() for ids, mask in zip(state.token_ids, state.attention_mask)]
-
-
-def _same(a, b):
-    assert list(a) == list(b)
-    assert a.finish_reasons == b.finish_reasons
-    assert _tokens(a) == _tokens(b)
-    assert torch.allclose(a.weights, b.weights, atol=1e-3)
-    if a.logprobs is not None:
-        for ra, rb in zip(a.logprobs, b.logprobs):
-            assert [t for t, _, _ in ra] == [t for t, _, _ in rb]
-            assert [lp for _, lp, _ in ra] == pytest.approx([lp for _, lp, _ in rb], abs=1e-3)
-
-
 def _clean(model):
     engine = model.engine
     assert not engine.table.calls and not engine.table.waiting
@@ -94,7 +77,7 @@ def test_calls_that_start_together_are_one_table_and_each_equals_the_call_alone(
     together = asyncio.run(_together(gen, calls))
     assert tables == [len(calls)]  # one table for all: same generator and options, max_tokens aside
     for a, b in zip(alone, together):
-        _same(a, b)
+        same_as_alone(a, b)
     _clean(model)
 
 
@@ -106,10 +89,10 @@ def test_a_call_that_left_the_table_early_continues_as_the_same_call_alone(model
     assert tables == [3]
     for (prompt, kwargs), state in zip(calls, together):
         alone = gen(prompt, **kwargs)
-        _same(alone, state)
+        same_as_alone(alone, state)
         # Its cache holds its own slots only (the table's other prompts' slots left out), in order.
         assert state.cache_bytes <= alone.cache_bytes
-        _same(gen(alone, max_tokens=6), gen(state, max_tokens=6))
+        same_as_alone(gen(alone, max_tokens=6), gen(state, max_tokens=6))
     _clean(model)
 
 
@@ -122,9 +105,9 @@ def test_rows_that_rewind_in_a_table_equal_the_call_alone_and_keep_no_hole(model
     together = asyncio.run(_together(gen, calls))
     assert tables == [len(calls)]
     for state, want in zip(together, alone):
-        _same(want, state)
+        same_as_alone(want, state)
         assert bool(state.attention_mask.all())  # one row each, and no slot a rewind took back
-        _same(gen(want, max_tokens=6), gen(state, max_tokens=6))
+        same_as_alone(gen(want, max_tokens=6), gen(state, max_tokens=6))
     _clean(model)
 
 
@@ -152,8 +135,8 @@ def test_a_guest_cancelled_ends_within_a_step_and_the_others_equal_the_calls_alo
     left_within, (first, third) = asyncio.run(main())
     assert tables == [3]
     assert left_within <= 1
-    _same(alone[0], first)
-    _same(alone[2], third)
+    same_as_alone(alone[0], first)
+    same_as_alone(alone[2], third)
     _clean(model)
 
 
@@ -181,7 +164,7 @@ def test_a_failing_table_step_fails_its_calls_and_the_model_goes_on(model, table
     _clean(model)
     monkeypatch.undo()
     for (prompt, kwargs), want in zip(calls, expected):
-        _same(want, gen(prompt, **kwargs))
+        same_as_alone(want, gen(prompt, **kwargs))
 
 
 def test_streams_and_calls_of_other_options_are_not_seated_together(model, tables):
@@ -220,7 +203,7 @@ def test_a_table_beside_a_stream_shares_its_forwards_and_each_equals_the_call_al
     streamed, *together = asyncio.run(main())
     assert tables == [3]
     assert model.stats.forward_calls < 20 + 15  # the table's steps and the stream's are merged forwards
-    _same(streamed_alone, streamed)
+    same_as_alone(streamed_alone, streamed)
     for want, got in zip(alone, together):
-        _same(want, got)
+        same_as_alone(want, got)
     _clean(model)

@@ -9,6 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
+from support.states import same_as_alone
 from support.streams import drained
 from support.waiting import until
 
@@ -47,20 +48,6 @@ def generate_sampler(n):
     return samplers.multinomial(n)
 
 
-def _same(a, b):
-    assert list(a) == list(b)
-    assert a.finish_reasons == b.finish_reasons
-    assert torch.allclose(a.weights, b.weights, atol=1e-3)
-    # Each row's tokens, holes aside: calls that start together run as one table of rows
-    # (continuous.decode.joined), whose calls keep no slot that a rewind took back.
-    assert [ids[m == 1].tolist() for ids, m in zip(a.token_ids, a.attention_mask)] == [
-        ids[m == 1].tolist() for ids, m in zip(b.token_ids, b.attention_mask)]
-    if a.logprobs is not None:
-        for ra, rb in zip(a.logprobs, b.logprobs):
-            assert [t for t, _, _ in ra] == [t for t, _, _ in rb]
-            assert [lp for _, lp, _ in ra] == pytest.approx([lp for _, lp, _ in rb], abs=1e-3)
-
-
 def _run(call):
     _, gen, prompt, kwargs = call
     return gen(prompt, **kwargs)
@@ -76,7 +63,7 @@ def test_threads_share_steps_and_each_call_equals_the_call_alone(model):
         together = list(pool.map(_run, calls))
     shared = model.stats.snapshot()
     for (name, *_), a, b in zip(calls, alone, together):
-        _same(a, b)
+        same_as_alone(a, b)
     assert shared["tokens_forwarded"] == sequential["tokens_forwarded"]
     assert shared["forward_calls"] < sequential["forward_calls"] / 2
 
@@ -92,7 +79,7 @@ def test_async_calls_and_streams_interleaved_equal_the_calls_alone(model):
     model.stats.reset()
     together = asyncio.run(main())
     for a, b in zip(alone, together):
-        _same(a, b)
+        same_as_alone(a, b)
     assert model.stats.forward_calls < sum(1 for _ in calls) * 10
 
 
@@ -103,8 +90,8 @@ def test_a_state_made_together_continues_as_one_made_alone(model):
     alone = [_run(c) for c in calls]
     gen = continuous(generate.text(model))
     for a, b in zip(alone, together):
-        _same(gen(a + " And", max_tokens=6), gen(b + " And", max_tokens=6))
-        _same(gen(b + " And", max_tokens=6), gen((b + " And").drop_cache(), max_tokens=6))
+        same_as_alone(gen(a + " And", max_tokens=6), gen(b + " And", max_tokens=6))
+        same_as_alone(gen(b + " And", max_tokens=6), gen((b + " And").drop_cache(), max_tokens=6))
 
 
 class _Boom:
@@ -151,7 +138,7 @@ def test_a_failing_cancelled_or_cut_call_leaves_the_others_unchanged(hf_model, t
 
     together, short = asyncio.run(main())
     for a, b in zip(alone, together):
-        _same(a, b)
+        same_as_alone(a, b)
     assert short.finish_reasons == ["context"]
     # Nothing is left waiting: a call alone runs at once.
     assert list(gen("Hi", max_tokens=4)) == list(gen("Hi", max_tokens=4))
@@ -193,8 +180,8 @@ def test_a_long_prefill_is_cut_into_chunks_between_other_calls_steps(hf_model, t
         t.start()
     for t in threads:
         t.join(60)
-    _same(results["short"], alone_short)
-    _same(results["long"], alone_long)
+    same_as_alone(results["short"], alone_short)
+    same_as_alone(results["long"], alone_long)
     chunks = [i for i, w in enumerate(widths) if w == 16]
     assert len(chunks) >= 5
     # Decode steps of the short call ran between the long prompt's first and last chunks.
@@ -292,12 +279,12 @@ def test_two_calls_continuing_the_same_state_at_once_each_equal_the_call_alone(m
 
     for calls in (pair, turns, turns):
         for a, b in zip(alone, asyncio.run(together(calls))):
-            _same(a, b)
+            same_as_alone(a, b)
             assert _own_rows_only(b)
     with ThreadPoolExecutor(len(turns)) as pool:
         threaded = list(pool.map(lambda x: gen(x[0] + x[1], max_tokens=10, **x[2]), turns))
     for a, b in zip(alone, threaded):
-        _same(a, b)
+        same_as_alone(a, b)
 
 
 def test_a_state_continued_while_its_call_still_holds_its_rows_equals_it_continued_alone(model):
@@ -317,8 +304,8 @@ def test_a_state_continued_while_its_call_still_holds_its_rows_equals_it_continu
         return snapshot, await go_on, await other, got + rest, stream.state
 
     snapshot, continued, other, pieces, final = asyncio.run(main())
-    _same(continued, gen((snapshot + " And").drop_cache(), max_tokens=12))
-    _same(other, gen("Once upon a time", max_tokens=30))
+    same_as_alone(continued, gen((snapshot + " And").drop_cache(), max_tokens=12))
+    same_as_alone(other, gen("Once upon a time", max_tokens=30))
     assert str(final) == "User: tell me about Lima.\nAssistant:" + "".join(pieces)
     assert list(final) == list(gen("User: tell me about Lima.\nAssistant:", max_tokens=30))
 
@@ -411,7 +398,7 @@ def test_a_call_cancelled_during_its_prefill_leaves_at_the_next_chunk_and_nobody
             await task
         return await other
 
-    _same(asyncio.run(main()), alone)
+    same_as_alone(asyncio.run(main()), alone)
     assert widths.count(16) == 1  # the prompt's first chunk only: never forwarded again
     assert not engine.table.calls and not engine.table.waiting
 
@@ -435,7 +422,7 @@ def test_calls_past_max_rows_wait_for_room_and_a_call_that_never_fits_is_refused
         return await asyncio.gather(*[gen.acall(p, max_tokens=8) for p in prompts])
 
     for a, b in zip(alone, asyncio.run(main())):
-        _same(a, b)
+        same_as_alone(a, b)
     assert widest and max(widest) == 2  # merged, never more than two rows at once
     with pytest.raises(ValueError, match="max_rows=2"):
         gen(["a", "b", "c"], max_tokens=2)
@@ -534,7 +521,7 @@ def test_any_mix_of_calls_and_of_streams_read_closed_or_cancelled_each_equals_it
 
     for (i, how, _), got in zip(mix, asyncio.run(main())):
         if how in ("acall", "stream"):
-            _same(alone[i], got)
+            same_as_alone(alone[i], got)
         else:  # what its consumer saw: each row's text holds the pieces it took and begins the text alone
             state, seen = got
             assert all(alone_row.startswith(row) for row, alone_row in zip(state, alone[i]))

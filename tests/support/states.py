@@ -7,6 +7,7 @@ tokens recomputed from scratch (``drop_cache()``).
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from continuous.decode import top_up
@@ -20,6 +21,22 @@ def real_ids(state, row: int = 0) -> list[int]:
 def all_real_ids(state) -> list[list[int]]:
     """Every row's token ids, padding and holes left out."""
     return [real_ids(state, r) for r in range(state.token_ids.shape[0])]
+
+
+def same_as_alone(a, b) -> None:
+    """``b``, a call's state made beside other calls, is ``a``, the same call's alone: the same
+    values, finish reasons, weights (within 1e-3), each row's tokens (holes aside: a call of a
+    table keeps no slot that its rewinds took back, where the call alone keeps them as holes)
+    and log-probabilities (within 1e-3). Weights and log-probabilities are compared within a
+    tolerance because a batch of another size sums in another order."""
+    assert list(a) == list(b)
+    assert a.finish_reasons == b.finish_reasons
+    assert torch.allclose(a.weights, b.weights, atol=1e-3)
+    assert all_real_ids(a) == all_real_ids(b)
+    if a.logprobs is not None:
+        for ra, rb in zip(a.logprobs, b.logprobs):
+            assert [t for t, _, _ in ra] == [t for t, _, _ in rb]
+            assert [lp for _, lp, _ in ra] == pytest.approx([lp for _, lp, _ in rb], abs=1e-3)
 
 
 def greedy_tokens(gen, state, n: int = 6) -> list[list[int]]:
